@@ -1,0 +1,95 @@
+//! Typed errors of the library. The binary adds the file name and maps every error to exit 2.
+
+use std::fmt;
+
+/// Anything that stops an estimate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// The file could not be read as a model description (syntax, unknown key, wrong type).
+    Spec(SpecError),
+    /// A layer is invalid: a missing or inapplicable key, a zero size, an unknown input name,
+    /// or a shape mismatch.
+    Layer(LayerError),
+    /// A setting (from the file's `[defaults]` or a flag) has an invalid value.
+    Setting(String),
+    /// A size computation overflowed 64 bits.
+    Overflow(String),
+}
+
+/// A syntax or schema error, with its 1-based position when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecError {
+    /// 1-based line.
+    pub line: Option<usize>,
+    /// 1-based column.
+    pub column: Option<usize>,
+    /// What was wrong.
+    pub message: String,
+}
+
+/// An error in one layer, naming it by position, name and kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerError {
+    /// Where the layer is, e.g. `layer #3 "fc2" (linear)` or `layer #5 "blocks" > #2 "attn" (attention)`.
+    pub layer: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Spec(e) => match (e.line, e.column) {
+                (Some(l), Some(c)) => write!(f, "{l}:{c}: {}", e.message),
+                (Some(l), None) => write!(f, "{l}: {}", e.message),
+                _ => f.write_str(&e.message),
+            },
+            Error::Layer(e) => write!(f, "{}: {}", e.layer, e.message),
+            Error::Setting(m) => f.write_str(m),
+            Error::Overflow(what) => write!(f, "size overflow: {what} does not fit in 64 bits"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
+#[must_use]
+pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let limit = (word.len() / 3).max(2);
+    candidates
+        .iter()
+        .map(|c| (levenshtein(word, c), *c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_finds_typos() {
+        assert_eq!(nearest("lienar", &["linear", "relu"]), Some("linear"));
+        assert_eq!(
+            nearest("out_feature", &["out_features", "bias"]),
+            Some("out_features")
+        );
+        assert_eq!(nearest("zzzzzz", &["linear", "relu"]), None);
+    }
+}

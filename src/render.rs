@@ -1,0 +1,199 @@
+//! Tables for people (comfy-table). Pure functions of a [`Report`].
+
+use comfy_table::{CellAlignment, Table, presets};
+
+use crate::report::Report;
+use crate::sim::Category;
+use crate::units::{UnitSystem, format_bytes};
+
+fn share(part: u64, total: u64) -> String {
+    if total == 0 {
+        return "-".into();
+    }
+    #[allow(clippy::cast_precision_loss)] // display only
+    let pct = part as f64 * 100.0 / total as f64;
+    format!("{pct:.1}%")
+}
+
+fn key(c: Category) -> &'static str {
+    match c {
+        Category::Parameters => "parameters_bytes",
+        Category::Buffers => "buffers_bytes",
+        Category::Gradients => "gradients_bytes",
+        Category::OptimizerState => "optimizer_state_bytes",
+        Category::Activations => "activations_bytes",
+        Category::Temporaries => "temporaries_bytes",
+        Category::Input => "input_bytes",
+        Category::KvCache => "kv_cache_bytes",
+    }
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The header and the per-category table.
+#[must_use]
+pub fn summary(r: &Report, units: UnitSystem) -> String {
+    let s = &r.settings;
+    let fmt = |b: u64| format_bytes(b, units);
+    let mut out = String::new();
+    let mut run = format!("batch {}", s.batch);
+    if let Some(seq) = s.seq {
+        run.push_str(&format!(", seq {seq}"));
+    }
+    run.push_str(&format!(", {}", s.dtype));
+    if let Some(amp) = s.amp {
+        run.push_str(&format!(" (autocast {})", amp.dtype()));
+    }
+    match s.optimizer {
+        Some(o) => run.push_str(&format!(", {o}, train")),
+        None => run.push_str(&format!(
+            ", {}",
+            if s.training() {
+                "train, no optimizer"
+            } else {
+                "infer"
+            }
+        )),
+    }
+    let attention = match s.attention {
+        crate::settings::AttentionImpl::Eager => "eager",
+        crate::settings::AttentionImpl::Flash => "flash",
+    };
+    let device = match s.device {
+        crate::settings::Device::Cpu => "cpu",
+        crate::settings::Device::Cuda => "cuda",
+    };
+    out.push_str(&format!("model: {}  input: {}\n", r.model, r.input_shape));
+    out.push_str(&format!(
+        "run:   {run}; {attention} attention, {device} kernels{}\n",
+        if s.checkpoint {
+            ", checkpointed blocks"
+        } else {
+            ""
+        }
+    ));
+    out.push_str(&format!(
+        "parameters: {} ({} trainable)\n",
+        thousands(r.param_count),
+        thousands(r.trainable_param_count)
+    ));
+
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header(vec!["Category", "At peak", "Share", "Step maximum"]);
+    for c in Category::ALL {
+        let at = r.at_peak.get(key(c)).copied().unwrap_or(0);
+        let max = r.category_max.get(key(c)).copied().unwrap_or(0);
+        let always = matches!(
+            c,
+            Category::Parameters
+                | Category::Gradients
+                | Category::OptimizerState
+                | Category::Activations
+        );
+        if at == 0 && max == 0 && !always {
+            continue;
+        }
+        table.add_row(vec![
+            c.title().to_string(),
+            fmt(at),
+            share(at, r.peak_bytes),
+            fmt(max),
+        ]);
+    }
+    table.add_row(vec![
+        "Total (peak)".to_string(),
+        fmt(r.peak_bytes),
+        share(r.peak_bytes, r.peak_bytes),
+        String::new(),
+    ]);
+    for i in 1..4 {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    out.push_str(&table.to_string());
+    out.push('\n');
+    let at = r
+        .peak_layer
+        .as_deref()
+        .map(|l| format!(" at `{l}`"))
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "peak: {} during the {}{at}\n",
+        fmt(r.peak_bytes),
+        r.peak_phase.title()
+    ));
+    if s.training() {
+        out.push_str(&format!(
+            "saved for backward: {}; gradients: {}; optimizer state: {}\n",
+            fmt(r.activations_bytes),
+            fmt(r.gradients_bytes),
+            fmt(r.optimizer_state_bytes)
+        ));
+    } else {
+        out.push_str(&format!(
+            "largest set of live activations: {}\n",
+            fmt(r.peak_activations_bytes)
+        ));
+    }
+    if let Some(b) = &r.budget {
+        if b.fits {
+            out.push_str(&format!(
+                "budget: {}: fits, {} to spare\n",
+                fmt(b.budget_bytes),
+                fmt(b.budget_bytes - r.total_bytes)
+            ));
+        } else {
+            out.push_str(&format!(
+                "budget: {}: OVER by {}\n",
+                fmt(b.budget_bytes),
+                fmt(b.overshoot_bytes)
+            ));
+        }
+    }
+    out
+}
+
+/// The per-layer table (`--per-layer`).
+#[must_use]
+pub fn per_layer(r: &Report, units: UnitSystem) -> String {
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header(vec![
+        "Layer",
+        "Kind",
+        "×",
+        "Output shape",
+        "Params",
+        "Saved",
+        "Kept (one copy)",
+    ]);
+    for l in &r.layers {
+        table.add_row(vec![
+            l.path.clone(),
+            l.kind.clone(),
+            l.repeat.to_string(),
+            l.output_shape.to_string(),
+            thousands(l.params),
+            format_bytes(l.activation_bytes, units),
+            l.kept.join("\n"),
+        ]);
+    }
+    for i in [2, 4, 5] {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    format!("{table}\n")
+}

@@ -1,0 +1,235 @@
+//! The estimate as data: what the table and the JSON output show.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::settings::Settings;
+use crate::shape::Shape;
+use crate::sim::{Category, Phase, Simulation};
+use crate::trace::{StorageKind, Tape};
+
+/// A complete estimate. Every `*_bytes` field is a byte count. The top-level keys from
+/// `param_count` to `layers` are a stable contract for scripts.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Model name.
+    pub model: String,
+    /// Settings used.
+    pub settings: Settings,
+    /// Shape of the input batch.
+    pub input_shape: Shape,
+    /// All parameters (tied weights once).
+    pub param_count: u64,
+    /// Parameters that train.
+    pub trainable_param_count: u64,
+    /// Parameter bytes.
+    pub parameters_bytes: u64,
+    /// Buffer bytes (BatchNorm running statistics, id and rotary tables).
+    pub buffers_bytes: u64,
+    /// Gradient bytes (same shapes and dtypes as the trainable parameters).
+    pub gradients_bytes: u64,
+    /// Optimizer state bytes (moments, momentum buffers, Adam's float32 step per tensor).
+    pub optimizer_state_bytes: u64,
+    /// Bytes autograd saves for backward during the forward pass, each storage once, leaving out
+    /// parameters and the input batch (0 in inference, which keeps nothing).
+    pub activations_bytes: u64,
+    /// The input batch and labels.
+    pub input_bytes: u64,
+    /// KV cache bytes (inference of causal attention).
+    pub kv_cache_bytes: u64,
+    /// The largest total of live activations at any moment (saved or transient, KV cache
+    /// included): what inference needs beyond the weights.
+    pub peak_activations_bytes: u64,
+    /// Temporaries of one optimizer step (`foreach` implementations).
+    pub optimizer_temporaries_bytes: u64,
+    /// The estimated memory needed: the peak of the simulated step.
+    pub total_bytes: u64,
+    /// Same as `total_bytes`.
+    pub peak_bytes: u64,
+    /// Phase of the peak.
+    pub peak_phase: Phase,
+    /// Layer running at the peak, when there is one.
+    pub peak_layer: Option<String>,
+    /// What the peak is made of, per category (bytes; they sum to `peak_bytes`).
+    pub at_peak: BTreeMap<&'static str, u64>,
+    /// Each category's own maximum during the step.
+    pub category_max: BTreeMap<&'static str, u64>,
+    /// The budget check, when `--budget` was given.
+    pub budget: Option<Budget>,
+    /// One entry per layer (layers of repeated blocks once, with `repeat` copies).
+    pub layers: Vec<LayerReport>,
+}
+
+/// A budget check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Budget {
+    /// The budget in bytes.
+    pub budget_bytes: u64,
+    /// Whether `total_bytes <= budget_bytes`.
+    pub fits: bool,
+    /// `total_bytes - budget_bytes` when over, else 0.
+    pub overshoot_bytes: u64,
+}
+
+/// One layer's figures, summed over its `repeat` copies.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerReport {
+    /// Layer name.
+    pub name: String,
+    /// Dotted path through blocks.
+    pub path: String,
+    /// Kind.
+    pub kind: String,
+    /// Number of copies (product of enclosing repeat counts).
+    pub repeat: u64,
+    /// Output shape of one copy.
+    pub output_shape: Shape,
+    /// Parameters, all copies.
+    pub params: u64,
+    /// Parameter bytes, all copies.
+    pub parameter_bytes: u64,
+    /// Bytes saved for backward first by this layer, all copies.
+    pub activation_bytes: u64,
+    /// What one copy keeps, e.g. `input f32 [8, 64, 56, 56]`.
+    pub kept: Vec<String>,
+}
+
+fn category_map(values: &[u64; 8]) -> BTreeMap<&'static str, u64> {
+    Category::ALL
+        .iter()
+        .zip(values)
+        .map(|(c, &v)| {
+            let key = match c {
+                Category::Parameters => "parameters_bytes",
+                Category::Buffers => "buffers_bytes",
+                Category::Gradients => "gradients_bytes",
+                Category::OptimizerState => "optimizer_state_bytes",
+                Category::Activations => "activations_bytes",
+                Category::Temporaries => "temporaries_bytes",
+                Category::Input => "input_bytes",
+                Category::KvCache => "kv_cache_bytes",
+            };
+            (key, v)
+        })
+        .collect()
+}
+
+impl Report {
+    /// Assembles the report from a traced tape and its simulation.
+    #[must_use]
+    pub fn new(
+        model: &str,
+        settings: &Settings,
+        tape: &Tape,
+        sim: &Simulation,
+        budget: Option<u64>,
+    ) -> Report {
+        let bytes_of = |kind: StorageKind| -> u64 {
+            tape.storages
+                .iter()
+                .filter(|s| s.kind == kind)
+                .map(|s| s.bytes)
+                .sum()
+        };
+        let layers = layer_reports(tape, sim);
+        let total = sim.peak_bytes;
+        Report {
+            model: model.to_string(),
+            settings: settings.clone(),
+            input_shape: tape.input_shape.clone(),
+            param_count: tape.params.iter().map(|p| p.numel).sum(),
+            trainable_param_count: tape
+                .params
+                .iter()
+                .filter(|p| p.trainable)
+                .map(|p| p.numel)
+                .sum(),
+            parameters_bytes: tape.params.iter().map(|p| p.bytes).sum(),
+            buffers_bytes: bytes_of(StorageKind::Buffer),
+            gradients_bytes: sim.gradient_bytes,
+            optimizer_state_bytes: sim.optimizer_state_bytes,
+            activations_bytes: sim.saved_bytes,
+            input_bytes: bytes_of(StorageKind::Input),
+            kv_cache_bytes: bytes_of(StorageKind::KvCache),
+            peak_activations_bytes: sim.peak_live_activations,
+            optimizer_temporaries_bytes: sim.optimizer_temp_bytes,
+            total_bytes: total,
+            peak_bytes: total,
+            peak_phase: sim.peak_phase,
+            peak_layer: sim.peak_layer.map(|l| tape.layers[l].path.clone()),
+            at_peak: category_map(&sim.at_peak),
+            category_max: category_map(&sim.category_max),
+            budget: budget.map(|b| Budget {
+                budget_bytes: b,
+                fits: total <= b,
+                overshoot_bytes: total.saturating_sub(b),
+            }),
+            layers,
+        }
+    }
+}
+
+fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
+    // What each layer keeps, from the storages it is the first to save (first copy's labels).
+    let mut kept: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); tape.layers.len()];
+    let mut seen = vec![false; tape.storages.len()];
+    if sim.saved_bytes > 0 {
+        for step in tape.steps.iter().filter(|s| s.segment.is_none()) {
+            for &s in &step.saves {
+                let st = &tape.storages[s];
+                if st.kind != StorageKind::Activation || seen[s] {
+                    continue;
+                }
+                seen[s] = true;
+                let what = if st.layer == step.layer {
+                    st.what
+                } else {
+                    "input"
+                };
+                *kept[step.layer]
+                    .entry(format!("{what} {} {}", st.dtype.short(), st.shape))
+                    .or_insert(0) += 1;
+            }
+        }
+        for seg in &tape.segments {
+            let st = &tape.storages[seg.input];
+            if !seen[seg.input] {
+                seen[seg.input] = true;
+                *kept[st.layer]
+                    .entry(format!(
+                        "checkpointed block input {} {}",
+                        st.dtype.short(),
+                        st.shape
+                    ))
+                    .or_insert(0) += 1;
+            }
+        }
+    }
+    tape.layers
+        .iter()
+        .enumerate()
+        .skip(1) // the input pseudo-layer
+        .map(|(i, l)| LayerReport {
+            name: l.name.clone(),
+            path: l.path.clone(),
+            kind: l.kind.clone(),
+            repeat: l.repeat,
+            output_shape: l.output_shape.clone(),
+            params: l.params.saturating_mul(l.repeat),
+            parameter_bytes: l.parameter_bytes.saturating_mul(l.repeat),
+            activation_bytes: sim.saved_by_layer[i],
+            kept: kept[i]
+                .iter()
+                .map(|(k, &n)| {
+                    let per_copy = n / l.repeat.max(1);
+                    if per_copy > 1 {
+                        format!("{k} ×{per_copy}")
+                    } else {
+                        k.clone()
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}

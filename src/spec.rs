@@ -1,0 +1,491 @@
+//! The model description as written in a file (TOML or JSON, one schema).
+//!
+//! These types mirror the file exactly and reject unknown keys, so that a typo is reported with
+//! its line and column. [`crate::graph::build`] turns them into a validated [`crate::graph::Model`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::dtype::DType;
+use crate::error::{Error, SpecError};
+
+/// Which syntax a model description is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// TOML (`.toml`).
+    Toml,
+    /// JSON (`.json`).
+    Json,
+}
+
+impl Format {
+    /// The format named by a file's extension, if it names one.
+    #[must_use]
+    pub fn from_extension(path: &std::path::Path) -> Option<Format> {
+        match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "toml" => Some(Format::Toml),
+            "json" => Some(Format::Json),
+            _ => None,
+        }
+    }
+
+    /// Guesses the format from the text: JSON starts with `{` (after whitespace), anything else
+    /// is read as TOML.
+    #[must_use]
+    pub fn sniff(text: &str) -> Format {
+        if text.trim_start().starts_with('{') {
+            Format::Json
+        } else {
+            Format::Toml
+        }
+    }
+}
+
+/// A whole model file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Display name; defaults to the file name.
+    pub name: Option<String>,
+    /// Free text, ignored by the estimator.
+    pub description: Option<String>,
+    /// The model's input, per sample (no batch dimension).
+    pub input: InputSpec,
+    /// Defaults for the run settings; command-line flags override them.
+    #[serde(default)]
+    pub defaults: DefaultsSpec,
+    /// The layers, in forward order.
+    pub layers: Vec<LayerSpec>,
+}
+
+/// The input tensor, without its batch dimension.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// Dimensions after the batch, e.g. `[3, 224, 224]`; the string `"seq"` stands for the
+    /// sequence length (`--seq`), e.g. `["seq"]` for token ids.
+    pub shape: Vec<DimSpec>,
+    /// Element type. An integer type (e.g. `int64`) makes the input token ids; a float input
+    /// (the default) follows the model's dtype, as `model.to(dtype)` inputs do.
+    pub dtype: Option<DType>,
+}
+
+/// One input dimension: a number, or the sequence length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DimSpec {
+    /// A fixed size.
+    Fixed(u64),
+    /// The sequence length (`--seq`, or `defaults.seq`).
+    Seq,
+}
+
+impl<'de> Deserialize<'de> for DimSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = DimSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive integer or the string \"seq\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<DimSpec, E> {
+                Ok(DimSpec::Fixed(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<DimSpec, E> {
+                u64::try_from(v).map(DimSpec::Fixed).map_err(|_| {
+                    E::custom(format!(
+                        "invalid dimension {v}, expected a positive integer or \"seq\""
+                    ))
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DimSpec, E> {
+                if v == "seq" {
+                    Ok(DimSpec::Seq)
+                } else {
+                    Err(E::custom(format!(
+                        "invalid dimension \"{v}\", expected a positive integer or \"seq\""
+                    )))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Defaults for the run settings, overridden by flags.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultsSpec {
+    /// Micro-batch size.
+    pub batch: Option<u64>,
+    /// Sequence length for `"seq"` input dimensions.
+    pub seq: Option<u64>,
+    /// dtype of parameters and activations.
+    pub dtype: Option<DType>,
+    /// Optimizer name (`sgd`, `sgd-momentum`, `adam`, `adamw`).
+    pub optimizer: Option<String>,
+    /// `train` or `infer`.
+    pub mode: Option<String>,
+    /// `eager` or `flash`.
+    pub attention: Option<String>,
+}
+
+/// One layer as written. Every kind-specific key is optional here; `graph::build` checks which
+/// are required or allowed for the kind and reports the layer when they are not.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)] // each key is documented per kind in the README's model-file reference
+pub struct LayerSpec {
+    pub kind: LayerKind,
+    pub name: Option<String>,
+    pub inputs: Option<Vec<String>>,
+    pub trainable: Option<bool>,
+    // repeat
+    pub count: Option<u64>,
+    pub layers: Option<Vec<LayerSpec>>,
+    // linear / embeddings
+    pub in_features: Option<u64>,
+    pub out_features: Option<u64>,
+    pub bias: Option<bool>,
+    pub tie: Option<String>,
+    pub num_embeddings: Option<u64>,
+    pub embedding_dim: Option<u64>,
+    pub num_positions: Option<u64>,
+    pub ids_buffer: Option<u64>,
+    // conv / pooling
+    pub in_channels: Option<u64>,
+    pub out_channels: Option<u64>,
+    pub kernel: Option<Pair>,
+    pub stride: Option<Pair>,
+    pub padding: Option<Pair>,
+    pub dilation: Option<Pair>,
+    pub groups: Option<u64>,
+    pub output_size: Option<Pair>,
+    pub ceil_mode: Option<bool>,
+    // norms
+    pub num_features: Option<u64>,
+    pub num_groups: Option<u64>,
+    pub affine: Option<bool>,
+    pub track_running_stats: Option<bool>,
+    // activations / dropout
+    pub inplace: Option<bool>,
+    pub approximate: Option<String>,
+    pub p: Option<f64>,
+    // shape ops
+    pub dim: Option<i64>,
+    pub start_dim: Option<i64>,
+    pub end_dim: Option<i64>,
+    pub shape: Option<Vec<i64>>,
+    pub dims: Option<Vec<i64>>,
+    pub index: Option<i64>,
+    // free parameter
+    pub combine: Option<String>,
+    // attention
+    pub style: Option<String>,
+    pub kv_cache: Option<bool>,
+    pub heads: Option<u64>,
+    pub kv_heads: Option<u64>,
+    pub head_dim: Option<u64>,
+    pub causal: Option<bool>,
+    pub fused_qkv: Option<bool>,
+    pub out_bias: Option<bool>,
+    pub rotary: Option<bool>,
+    pub dropout: Option<f64>,
+    // loss
+    pub shift: Option<bool>,
+    pub upcast: Option<bool>,
+    // free-form notes
+    pub note: Option<String>,
+}
+
+/// A size given as one number (used for both spatial dimensions) or as `[h, w]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pair(pub u64, pub u64);
+
+impl<'de> Deserialize<'de> for Pair {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(u64),
+            Two([u64; 2]),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a non-negative integer or a pair [h, w]")
+        })? {
+            Raw::One(v) => Ok(Pair(v, v)),
+            Raw::Two([a, b]) => Ok(Pair(a, b)),
+        }
+    }
+}
+
+macro_rules! layer_kinds {
+    ($($variant:ident => $name:literal $(| $alias:literal)*),* $(,)?) => {
+        /// The kind of a layer, as named in the `kind` key.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)] // documented per kind in graph::Op and the README
+        pub enum LayerKind { $($variant),* }
+
+        impl LayerKind {
+            /// Every kind, for error messages that list the valid names.
+            pub const ALL: &'static [LayerKind] = &[$(LayerKind::$variant),*];
+
+            /// The canonical name used in files.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self { $(LayerKind::$variant => $name),* }
+            }
+
+            fn from_name(s: &str) -> Option<LayerKind> {
+                match s { $($name $(| $alias)* => Some(LayerKind::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+layer_kinds! {
+    Repeat => "repeat" | "block",
+    Linear => "linear",
+    Conv1d => "conv1d",
+    Conv2d => "conv2d",
+    BatchNorm1d => "batchnorm1d" | "batch_norm1d",
+    BatchNorm2d => "batchnorm2d" | "batch_norm2d",
+    LayerNorm => "layernorm" | "layer_norm",
+    RmsNorm => "rmsnorm" | "rms_norm",
+    GroupNorm => "groupnorm" | "group_norm",
+    Embedding => "embedding",
+    PositionEmbedding => "position_embedding",
+    TokenTypeEmbedding => "token_type_embedding",
+    Rotary => "rotary" | "rotary_embedding" | "rope",
+    Parameter => "parameter",
+    Dropout => "dropout",
+    Relu => "relu",
+    Relu6 => "relu6",
+    Gelu => "gelu",
+    GeluNew => "gelu_new",
+    Silu => "silu" | "swish",
+    Tanh => "tanh",
+    Sigmoid => "sigmoid",
+    Softmax => "softmax",
+    Mul => "mul",
+    Add => "add",
+    Concat => "concat" | "cat",
+    MaxPool2d => "maxpool2d" | "max_pool2d",
+    AvgPool2d => "avgpool2d" | "avg_pool2d",
+    AdaptiveAvgPool2d => "adaptive_avgpool2d" | "adaptive_avg_pool2d",
+    Flatten => "flatten",
+    Reshape => "reshape" | "view",
+    Transpose => "transpose",
+    Select => "select",
+    Attention => "attention" | "self_attention" | "multihead_attention",
+    CrossEntropy => "cross_entropy" | "cross_entropy_loss",
+}
+
+impl fmt::Display for LayerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for LayerKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        LayerKind::from_name(&s).ok_or_else(|| {
+            let names: Vec<&str> = LayerKind::ALL.iter().map(|k| k.as_str()).collect();
+            let hint = crate::error::nearest(&s, &names)
+                .map(|n| format!(" (did you mean `{n}`?)"))
+                .unwrap_or_default();
+            serde::de::Error::custom(format!(
+                "unknown layer kind `{s}`{hint}; expected one of {}",
+                names.join(", ")
+            ))
+        })
+    }
+}
+
+/// Parses a model description.
+///
+/// # Errors
+/// [`Error::Spec`] with the line and column of the first syntax or schema error; an empty file
+/// is reported as such.
+pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
+    if src.trim().is_empty() {
+        return Err(Error::Spec(SpecError {
+            line: None,
+            column: None,
+            message: "the model description is empty (expected `[input]` and `[[layers]]`)".into(),
+        }));
+    }
+    match format {
+        Format::Toml => toml::from_str::<ModelSpec>(src).map_err(|e| {
+            let (line, column) = match e.span() {
+                Some(span) => line_col(src, span.start),
+                None => (None, None),
+            };
+            Error::Spec(SpecError {
+                line,
+                column,
+                message: improve(e.message()),
+            })
+        }),
+        Format::Json => serde_json::from_str::<ModelSpec>(src).map_err(|e| {
+            let text = e.to_string();
+            let suffix = format!(" at line {} column {}", e.line(), e.column());
+            let message = text.strip_suffix(&suffix).unwrap_or(&text).to_string();
+            Error::Spec(SpecError {
+                line: (e.line() > 0).then_some(e.line()),
+                column: (e.column() > 0).then_some(e.column()),
+                message: improve(&message),
+            })
+        }),
+    }
+}
+
+/// Adds a "did you mean" hint to serde's unknown-field messages.
+fn improve(message: &str) -> String {
+    let message = message.trim_end();
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((field, expected)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let names: Vec<&str> = expected
+        .split('`')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, s)| s)
+        .collect();
+    match crate::error::nearest(field, &names) {
+        Some(n) => format!(
+            "unknown key `{field}` (did you mean `{n}`?){}",
+            &expected.replacen(',', ";", 1)
+        ),
+        None => format!("unknown key `{field}`{}", &expected.replacen(',', ";", 1)),
+    }
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(src: &str, offset: usize) -> (Option<usize>, Option<usize>) {
+    let offset = offset.min(src.len());
+    let before = &src[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(offset, |i| offset - i - 1) + 1;
+    (Some(line), Some(column))
+}
+
+/// Keys set on a layer, for checking which apply to its kind.
+impl LayerSpec {
+    /// Names of the kind-specific keys that are set (everything but `kind`, `name`, `inputs`,
+    /// `trainable`, `note`).
+    #[must_use]
+    pub fn set_keys(&self) -> Vec<&'static str> {
+        let mut keys = BTreeMap::new();
+        macro_rules! check {
+            ($($field:ident),*) => { $( if self.$field.is_some() { keys.insert(stringify!($field), ()); } )* };
+        }
+        check!(
+            count,
+            layers,
+            in_features,
+            out_features,
+            bias,
+            tie,
+            num_embeddings,
+            embedding_dim,
+            num_positions,
+            ids_buffer,
+            in_channels,
+            out_channels,
+            kernel,
+            stride,
+            padding,
+            dilation,
+            groups,
+            output_size,
+            ceil_mode,
+            num_features,
+            num_groups,
+            affine,
+            track_running_stats,
+            inplace,
+            approximate,
+            p,
+            dim,
+            start_dim,
+            end_dim,
+            shape,
+            dims,
+            index,
+            combine,
+            style,
+            kv_cache,
+            heads,
+            kv_heads,
+            head_dim,
+            causal,
+            fused_qkv,
+            out_bias,
+            rotary,
+            dropout,
+            shift,
+            upcast
+        );
+        keys.into_keys().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_error_has_line_and_column() {
+        let src = "[input]\nshape = [4]\n\n[[layers]]\nkind = \"linear\"\nout_feature = 3\n";
+        let Err(Error::Spec(e)) = parse(src, Format::Toml) else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(e.line, Some(6));
+        assert_eq!(e.column, Some(1));
+        assert!(
+            e.message.contains("did you mean `out_features`"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn unknown_kind_suggests_nearest() {
+        let src = "[input]\nshape = [4]\n[[layers]]\nkind = \"lienar\"\n";
+        let Err(Error::Spec(e)) = parse(src, Format::Toml) else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(e.line, Some(4));
+        assert!(e.message.contains("did you mean `linear`"), "{}", e.message);
+    }
+
+    #[test]
+    fn json_error_has_line_and_column() {
+        let src = "{\n \"input\": {\"shape\": [4]},\n \"layers\": [{\"kind\": \"linear\", \"out_features\": \"x\"}]\n}";
+        let Err(Error::Spec(e)) = parse(src, Format::Json) else {
+            panic!("expected a spec error")
+        };
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("expected u64"), "{}", e.message);
+    }
+
+    #[test]
+    fn empty_file_is_an_error() {
+        assert!(matches!(parse("  \n", Format::Toml), Err(Error::Spec(_))));
+    }
+
+    #[test]
+    fn seq_dimension_and_pairs() {
+        let src = "[input]\nshape = [\"seq\"]\ndtype = \"int64\"\n[[layers]]\nkind = \"conv2d\"\nkernel = [3, 5]\nstride = 2\n";
+        let spec = parse(src, Format::Toml).unwrap();
+        assert_eq!(spec.input.shape, vec![DimSpec::Seq]);
+        assert_eq!(spec.layers[0].kernel, Some(Pair(3, 5)));
+        assert_eq!(spec.layers[0].stride, Some(Pair(2, 2)));
+    }
+}
