@@ -147,16 +147,14 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         }
     }
     out.flush()?;
-    if let Some(b) = &report.budget {
-        if !b.fits {
-            eprintln!(
-                "memest: over budget: total {} > budget {} (over by {})",
-                memest::units::format_bytes(report.total_bytes, units),
-                memest::units::format_bytes(b.budget_bytes, units),
-                memest::units::format_bytes(b.overshoot_bytes, units)
-            );
-            return Ok(ExitCode::from(1));
-        }
+    if let Some(b) = report.budget.as_ref().filter(|b| !b.fits) {
+        eprintln!(
+            "memest: over budget: total {} > budget {} (over by {})",
+            memest::units::format_bytes(report.total_bytes, units),
+            memest::units::format_bytes(b.budget_bytes, units),
+            memest::units::format_bytes(b.overshoot_bytes, units)
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }

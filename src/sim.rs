@@ -420,11 +420,11 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
                     }
                 } else if let Some(m) = moved.take() {
                     *grads.entry(v).or_insert(0) += m;
-                } else if grads.contains_key(&v) {
-                    transient += bytes;
-                } else {
-                    grads.insert(v, bytes);
+                } else if let std::collections::hash_map::Entry::Vacant(e) = grads.entry(v) {
+                    e.insert(bytes);
                     st.cur[temp] += bytes;
+                } else {
+                    transient += bytes;
                 }
             }
             if let Some(m) = moved {

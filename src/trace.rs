@@ -461,10 +461,8 @@ impl Tracer<'_> {
         if !val.dtype.is_float() || val.dtype == amp.dtype() {
             return Ok(v);
         }
-        if val.param {
-            if let Some(&c) = self.cast_cache.get(&v) {
-                return Ok(c);
-            }
+        if let Some(&c) = self.cast_cache.get(&v).filter(|_| val.param) {
+            return Ok(c);
         }
         let out = self.fresh(
             val.shape.clone(),
@@ -489,7 +487,7 @@ impl Tracer<'_> {
     }
 
     /// Casts to float32 for autocast's float32 ops and transformers' `.float()` upcasts.
-    fn to_f32(&mut self, v: ValueId) -> Result<ValueId, Error> {
+    fn upcast_f32(&mut self, v: ValueId) -> Result<ValueId, Error> {
         let val = self.val(v).clone();
         if val.dtype == DType::Float32 || !val.dtype.is_float() {
             return Ok(v);
@@ -696,13 +694,11 @@ impl Tracer<'_> {
                 tie,
             } => {
                 let in_f = self.last_dim(&xv, "linear")?;
-                if let Some(expected) = in_features {
-                    if *expected != in_f {
-                        return Err(self.err(format!(
-                            "input {} has {in_f} features, expected in_features = {expected}",
-                            xv.shape
-                        )));
-                    }
+                if let Some(expected) = in_features.filter(|&e| e != in_f) {
+                    return Err(self.err(format!(
+                        "input {} has {in_f} features, expected in_features = {expected}",
+                        xv.shape
+                    )));
                 }
                 let weight = match tie {
                     Some(name) => {
@@ -748,15 +744,13 @@ impl Tracer<'_> {
                     )));
                 }
                 let cin = d[1];
-                if let Some(expected) = in_channels {
-                    if *expected != cin {
-                        return Err(self.err(format!(
-                            "input {} has {cin} channels, expected in_channels = {expected}",
-                            xv.shape
-                        )));
-                    }
+                if let Some(expected) = in_channels.filter(|&e| e != cin) {
+                    return Err(self.err(format!(
+                        "input {} has {cin} channels, expected in_channels = {expected}",
+                        xv.shape
+                    )));
                 }
-                if cin % groups != 0 {
+                if !cin.is_multiple_of(*groups) {
                     return Err(self.err(format!(
                         "input channels ({cin}) must be divisible by groups ({groups})"
                     )));
@@ -855,7 +849,7 @@ impl Tracer<'_> {
             Op::LayerNorm { affine, bias } => {
                 let h = self.last_dim(&xv, "layernorm")?;
                 let xin = if self.autocast_f32_norms() {
-                    self.to_f32(x)?
+                    self.upcast_f32(x)?
                 } else {
                     x
                 };
@@ -907,7 +901,7 @@ impl Tracer<'_> {
                     )));
                 }
                 let xin = if self.autocast_f32_norms() {
-                    self.to_f32(x)?
+                    self.upcast_f32(x)?
                 } else {
                     x
                 };
@@ -1152,7 +1146,7 @@ impl Tracer<'_> {
             Op::Softmax { dim } => {
                 self.axis(*dim, xv.shape.rank())?;
                 let xin = if self.autocast_f32_norms() {
-                    self.to_f32(x)?
+                    self.upcast_f32(x)?
                 } else {
                     x
                 };
@@ -1292,7 +1286,7 @@ impl Tracer<'_> {
                 let mut dims = vec![batch];
                 for &d in shape {
                     dims.push(if d == -1 {
-                        if known == 0 || per % known != 0 {
+                        if known == 0 || !per.is_multiple_of(known) {
                             return Err(self.err(format!("cannot reshape {} to [batch, {shape:?}]: {per} elements per sample do not divide by {known}", xv.shape)));
                         }
                         per / known
@@ -1745,7 +1739,7 @@ impl Tracer<'_> {
     /// `pow` and `mul`), the `[.., 1]` rsqrt, and the normalized tensor in the input dtype.
     fn rms_norm(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
-        let h = self.to_f32(x)?;
+        let h = self.upcast_f32(x)?;
         let hv = self.val(h).clone();
         let rows = xv.shape.with_last(1);
         let sq = self.unary(h, "pow", Keep::Input, false)?;
@@ -2197,7 +2191,7 @@ impl Tracer<'_> {
             labels
         };
         let xin = if upcast || self.s.amp.is_some() {
-            self.to_f32(x)?
+            self.upcast_f32(x)?
         } else {
             x
         };
