@@ -84,8 +84,11 @@ pub enum Activation {
     /// `gelu_new`: the tanh approximation written out in Python (transformers'
     /// `NewGELUActivation`): keeps its input, `tanh(..)`, `0.5·x` and `1 + tanh(..)`.
     GeluNew,
-    /// `silu` (`F.silu`): keeps its input.
-    Silu,
+    /// `silu` (`F.silu`): keeps its input (a clone of it when in place).
+    Silu {
+        /// `nn.SiLU(inplace=True)`.
+        inplace: bool,
+    },
     /// `tanh`: keeps its output.
     Tanh,
     /// `sigmoid`: keeps its output.
@@ -181,6 +184,9 @@ pub enum Op {
         num_embeddings: u64,
         /// Embedding size D.
         embedding_dim: u64,
+        /// Name of an earlier embedding whose weight this one shares (T5's decoder `embed_tokens`
+        /// is the shared table).
+        tie: Option<String>,
     },
     /// A learned absolute position (or token-type) table added to `[B, S, D]`: params
     /// `positions·D`; with `ids_buffer` the module holds an int64 `[1, ids_buffer]` id buffer.
@@ -321,6 +327,71 @@ pub enum Op {
         rotary: bool,
         /// Dropout on the attention probabilities (training only).
         dropout: f64,
+        /// RMSNorm on Q and K per head (Qwen3): params `2·head_dim`.
+        qk_norm: bool,
+        /// Adds the shared relative position bias (T5) to the scores.
+        position_bias: bool,
+        /// Sliding-window attention (Mistral): the inference KV cache holds at most this many
+        /// tokens.
+        sliding_window: Option<u64>,
+    },
+    /// Cross-attention (T5's decoder): queries from the first input `[B, S, H]`, keys and values
+    /// projected from the second (the encoder output `[B, S_enc, H]`); params as `attention`.
+    CrossAttention {
+        /// Heads.
+        heads: u64,
+        /// Head dimension (default `H / heads`).
+        head_dim: Option<u64>,
+        /// Biases on the Q, K, V projections.
+        bias: bool,
+        /// Bias on the output projection.
+        out_bias: bool,
+        /// Dropout on the attention probabilities (training only).
+        dropout: f64,
+    },
+    /// T5's relative position bias: an embedding of `num_buckets × heads` looked up with an int64
+    /// `[S, S]` bucket matrix, giving a `[1, heads, S, S]` bias that later `attention` layers with
+    /// `position_bias = true` add to their scores; passes its input through.
+    RelativePositionBias {
+        /// Buckets (T5: 32).
+        num_buckets: u64,
+        /// Heads.
+        heads: u64,
+    },
+    /// A sparse mixture-of-experts MLP on `[B, S, H]` (Mixtral, Qwen-MoE) as transformers 5 runs it
+    /// (`grouped_mm` experts): a router `H → experts`, softmax, top-k, tokens gathered per expert,
+    /// SiLU-gated experts of width `intermediate_size`, weighted and scattered back; with a shared
+    /// expert (Qwen-MoE) of width `shared_intermediate_size` on every token, optionally gated.
+    /// Params: `experts·H + experts·3·H·I (+ 3·H·I_shared + H)`. Routing is assumed balanced:
+    /// each expert sees `B·S·top_k/experts` tokens.
+    Moe {
+        /// Experts.
+        experts: u64,
+        /// Experts per token.
+        top_k: u64,
+        /// Expert FFN width.
+        intermediate_size: u64,
+        /// Shared expert width (0: none).
+        shared_intermediate_size: u64,
+        /// Sigmoid gate on the shared expert.
+        shared_gate: bool,
+        /// Renormalize the top-k routing weights (Mixtral: yes; Qwen-MoE: `norm_topk_prob`).
+        normalize_topk: bool,
+    },
+    /// torchvision's `StochasticDepth(p, "row")`: in training multiplies by a `[B, 1, ..]` noise
+    /// tensor, which it keeps.
+    StochasticDepth {
+        /// Drop probability.
+        p: f64,
+    },
+    /// T5's `_shift_right` of the labels: a new int64 tensor of the input's shape (the decoder's
+    /// input ids).
+    ShiftRight,
+    /// Multiplication by a constant (T5's `sequence_output * d_model**-0.5`, Gemma's embedding
+    /// normalizer): a new tensor, nothing kept.
+    Scale {
+        /// The factor (informational).
+        factor: f64,
     },
     /// Cross-entropy loss on logits `[N, C]` or `[B, S, V]` against int64 labels; ends the
     /// forward pass. `shift` shifts labels for causal language modelling; `upcast` computes
@@ -445,7 +516,11 @@ fn build_layers(
         } else {
             Node::Op(build_op(spec).map_err(&fail)?)
         };
-        if let Node::Op(Op::Add { .. } | Op::Mul | Op::Concat { .. }) = &node {
+        if let Node::Op(Op::CrossAttention { .. }) = &node {
+            if inputs.len() != 2 {
+                return Err(fail("`cross_attention` takes two `inputs`: the queries' source and the encoder output, e.g. inputs = [\"ln\", \"encoder\"]".into()));
+            }
+        } else if let Node::Op(Op::Add { .. } | Op::Mul | Op::Concat { .. }) = &node {
             if inputs.len() < 2 {
                 return Err(fail(format!(
                     "`{}` needs at least two `inputs`, e.g. inputs = [\"{INPUT}\", \"conv3\"]",
@@ -602,10 +677,11 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             }
         }
         K::Embedding => {
-            check_keys(s, &["num_embeddings", "embedding_dim"])?;
+            check_keys(s, &["num_embeddings", "embedding_dim", "tie"])?;
             Op::Embedding {
                 num_embeddings: positive(s.num_embeddings, "num_embeddings")?,
                 embedding_dim: positive(s.embedding_dim, "embedding_dim")?,
+                tie: s.tie.clone(),
             }
         }
         K::PositionEmbedding => {
@@ -695,8 +771,8 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             Op::Activation(Activation::GeluNew)
         }
         K::Silu => {
-            check_keys(s, &[])?;
-            Op::Activation(Activation::Silu)
+            check_keys(s, &["inplace"])?;
+            Op::Activation(Activation::Silu { inplace })
         }
         K::Tanh => {
             check_keys(s, &[])?;
@@ -835,7 +911,74 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                 fused_qkv: s.fused_qkv.unwrap_or(false),
                 rotary: s.rotary.unwrap_or(false),
                 dropout: probability(s.dropout, "dropout")?,
+                qk_norm: s.qk_norm.unwrap_or(false),
+                position_bias: s.position_bias.unwrap_or(false),
+                sliding_window: positive_opt(s.sliding_window, "sliding_window")?,
             }
+        }
+        K::CrossAttention => {
+            check_keys(s, &["heads", "head_dim", "bias", "out_bias", "dropout"])?;
+            let bias = s.bias.unwrap_or(true);
+            Op::CrossAttention {
+                heads: positive(s.heads, "heads")?,
+                head_dim: positive_opt(s.head_dim, "head_dim")?,
+                bias,
+                out_bias: s.out_bias.unwrap_or(bias),
+                dropout: probability(s.dropout, "dropout")?,
+            }
+        }
+        K::RelativePositionBias => {
+            check_keys(s, &["num_buckets", "heads"])?;
+            Op::RelativePositionBias {
+                num_buckets: positive(Some(s.num_buckets.unwrap_or(32)), "num_buckets")?,
+                heads: positive(s.heads, "heads")?,
+            }
+        }
+        K::Moe => {
+            check_keys(
+                s,
+                &[
+                    "experts",
+                    "top_k",
+                    "intermediate_size",
+                    "shared_intermediate_size",
+                    "shared_gate",
+                    "normalize_topk",
+                ],
+            )?;
+            let experts = positive(s.experts, "experts")?;
+            let top_k = positive(s.top_k, "top_k")?;
+            if top_k > experts {
+                return Err(format!(
+                    "`top_k` ({top_k}) cannot exceed `experts` ({experts})"
+                ));
+            }
+            Op::Moe {
+                experts,
+                top_k,
+                intermediate_size: positive(s.intermediate_size, "intermediate_size")?,
+                shared_intermediate_size: s.shared_intermediate_size.unwrap_or(0),
+                shared_gate: s.shared_gate.unwrap_or(false),
+                normalize_topk: s.normalize_topk.unwrap_or(true),
+            }
+        }
+        K::StochasticDepth => {
+            check_keys(s, &["p"])?;
+            Op::StochasticDepth {
+                p: probability(s.p, "p")?,
+            }
+        }
+        K::ShiftRight => {
+            check_keys(s, &[])?;
+            Op::ShiftRight
+        }
+        K::Scale => {
+            check_keys(s, &["factor"])?;
+            let factor = s.factor.ok_or("missing `factor`")?;
+            if !factor.is_finite() {
+                return Err(format!("`factor` must be a finite number, got {factor}"));
+            }
+            Op::Scale { factor }
         }
         K::CrossEntropy => {
             check_keys(s, &["shift", "upcast"])?;

@@ -124,6 +124,9 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         amp: cli.amp,
         checkpoint: cli.checkpoint,
         device: cli.device,
+        lora: None,
+        quant: None,
+        kv_dtype: None,
     };
     let report = memest::estimate(&src, format, &name, &overrides, cli.budget)
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;

@@ -133,6 +133,42 @@ pub struct Overrides {
     pub amp: Option<Amp>,
     pub checkpoint: bool,
     pub device: Option<Device>,
+    pub lora: Option<Lora>,
+    pub quant: Option<Quant>,
+    pub kv_dtype: Option<DType>,
+}
+
+/// LoRA adapters (`--lora-rank`): the base model is frozen and every targeted linear projection
+/// gets trainable `A: [rank, in]` and `B: [out, rank]` matrices (PEFT's `LoraLayer`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Lora {
+    /// Adapter rank r.
+    pub rank: u64,
+    /// Target projections: `q`, `k`, `v`, `o` (attention) and linear-layer names or suffixes
+    /// (`gate`, `up`, `down` match `*.gate_proj`, `*.up_proj`, `*.down_proj`).
+    pub targets: Vec<String>,
+}
+
+/// Weight quantization of linear projections (norms, embeddings and the LM head keep the compute
+/// dtype).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quant {
+    /// bitsandbytes NF4: 4 bits per weight plus a float32 absmax per 64 weights; with double
+    /// quantization the absmax values are 8-bit with a float32 scale per 256 of them.
+    Nf4 {
+        /// Double quantization of the absmax scales.
+        double_quant: bool,
+    },
+    /// bitsandbytes LLM.int8(): 1 byte per weight plus a float32 scale per output row.
+    Int8,
+    /// GPTQ/AWQ-style int4: 4 bits per weight plus, per group, a float16 scale and a 4-bit zero point.
+    Int4 {
+        /// Weights per group (128 by default).
+        group_size: u64,
+    },
+    /// FP8 weights (e4m3 or e5m2): 1 byte per weight plus one float32 scale per tensor.
+    Fp8,
 }
 
 /// Fully resolved settings for one estimate.
@@ -156,6 +192,12 @@ pub struct Settings {
     pub checkpoint: bool,
     /// Kernel behaviour modelled.
     pub device: Device,
+    /// LoRA adapters, if any.
+    pub lora: Option<Lora>,
+    /// Weight quantization of linear projections, if any.
+    pub quant: Option<Quant>,
+    /// dtype of the inference KV cache (default: the activation dtype).
+    pub kv_dtype: Option<DType>,
 }
 
 impl Settings {
@@ -228,6 +270,9 @@ impl Settings {
             amp: o.amp,
             checkpoint: o.checkpoint,
             device: o.device.unwrap_or(Device::Cpu),
+            lora: o.lora.clone(),
+            quant: o.quant,
+            kv_dtype: o.kv_dtype,
         })
     }
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, SpecError};
@@ -44,12 +44,13 @@ impl Format {
 }
 
 /// A whole model file.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// Display name; defaults to the file name.
     pub name: Option<String>,
     /// Free text, ignored by the estimator.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// The model's input, per sample (no batch dimension).
     pub input: InputSpec,
@@ -60,8 +61,14 @@ pub struct ModelSpec {
     pub layers: Vec<LayerSpec>,
 }
 
+impl Default for LayerKind {
+    fn default() -> Self {
+        LayerKind::Linear
+    }
+}
+
 /// The input tensor, without its batch dimension.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputSpec {
     /// Dimensions after the batch, e.g. `[3, 224, 224]`; the string `"seq"` stands for the
@@ -69,6 +76,7 @@ pub struct InputSpec {
     pub shape: Vec<DimSpec>,
     /// Element type. An integer type (e.g. `int64`) makes the input token ids; a float input
     /// (the default) follows the model's dtype, as `model.to(dtype)` inputs do.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<DType>,
 }
 
@@ -79,6 +87,15 @@ pub enum DimSpec {
     Fixed(u64),
     /// The sequence length (`--seq`, or `defaults.seq`).
     Seq,
+}
+
+impl Serialize for DimSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DimSpec::Fixed(v) => s.serialize_u64(*v),
+            DimSpec::Seq => s.serialize_str("seq"),
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for DimSpec {
@@ -114,94 +131,184 @@ impl<'de> Deserialize<'de> for DimSpec {
 }
 
 /// Defaults for the run settings, overridden by flags.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DefaultsSpec {
     /// Micro-batch size.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<u64>,
     /// Sequence length for `"seq"` input dimensions.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
     /// dtype of parameters and activations.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<DType>,
     /// Optimizer name (`sgd`, `sgd-momentum`, `adam`, `adamw`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
     /// `train` or `infer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     /// `eager` or `flash`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
 }
 
 /// One layer as written. Every kind-specific key is optional here; `graph::build` checks which
 /// are required or allowed for the kind and reports the layer when they are not.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)] // each key is documented per kind in the README's model-file reference
 pub struct LayerSpec {
     pub kind: LayerKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trainable: Option<bool>,
     // repeat
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<Vec<LayerSpec>>,
     // linear / embeddings
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub in_features: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub out_features: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tie: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_embeddings: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub embedding_dim: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_positions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ids_buffer: Option<u64>,
     // conv / pooling
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub in_channels: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub out_channels: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub stride: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub padding: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dilation: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub groups: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub output_size: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ceil_mode: Option<bool>,
     // norms
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_features: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_groups: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub affine: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub track_running_stats: Option<bool>,
     // activations / dropout
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inplace: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub approximate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub p: Option<f64>,
     // shape ops
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dim: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub start_dim: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub end_dim: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dims: Option<Vec<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<i64>,
     // free parameter
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub combine: Option<String>,
     // attention
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub style: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub heads: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_heads: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub causal: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fused_qkv: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub out_bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rotary: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dropout: Option<f64>,
+    // mixture of experts
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_intermediate_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_gate: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalize_topk: Option<bool>,
+    // attention extras
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_norm: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position_bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_buckets: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
+    // scale
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
     // loss
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shift: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub upcast: Option<bool>,
     // free-form notes
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 
 /// A size given as one number (used for both spatial dimensions) or as `[h, w]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pair(pub u64, pub u64);
+
+impl Serialize for Pair {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == self.1 {
+            s.serialize_u64(self.0)
+        } else {
+            [self.0, self.1].serialize(s)
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for Pair {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -279,12 +386,24 @@ layer_kinds! {
     Transpose => "transpose",
     Select => "select",
     Attention => "attention" | "self_attention" | "multihead_attention",
+    CrossAttention => "cross_attention",
+    RelativePositionBias => "relative_position_bias",
+    Moe => "moe" | "mixture_of_experts",
+    StochasticDepth => "stochastic_depth",
+    ShiftRight => "shift_right",
+    Scale => "scale",
     CrossEntropy => "cross_entropy" | "cross_entropy_loss",
 }
 
 impl fmt::Display for LayerKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(self.as_str())
+    }
+}
+
+impl Serialize for LayerKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 

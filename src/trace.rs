@@ -147,6 +147,8 @@ pub struct LayerInfo {
 /// A parameter tensor.
 #[derive(Clone, Debug)]
 pub struct Param {
+    /// Shape.
+    pub shape: Shape,
     /// Elements.
     pub numel: u64,
     /// Bytes.
@@ -434,8 +436,9 @@ impl Tracer<'_> {
         let numel = checked(shape.numel(), "a parameter's element count")?;
         let s = self.storage(&shape, dtype, StorageKind::Parameter, "parameter")?;
         let bytes = self.tape.storages[s].bytes;
-        let v = self.value(s, shape, dtype, Layout::Contiguous, trainable, true);
+        let v = self.value(s, shape.clone(), dtype, Layout::Contiguous, trainable, true);
         self.tape.params.push(Param {
+            shape,
             numel,
             bytes,
             trainable,
@@ -941,6 +944,7 @@ impl Tracer<'_> {
             Op::Embedding {
                 num_embeddings,
                 embedding_dim,
+                tie,
             } => {
                 if xv.dtype.is_float() {
                     return Err(self.err(format!(
@@ -948,7 +952,19 @@ impl Tracer<'_> {
                         xv.dtype, xv.shape
                     )));
                 }
-                let w = self.param(Shape::from([*num_embeddings, *embedding_dim]), train)?;
+                let w = match tie {
+                    Some(name) => {
+                        let w = *self.embeddings.get(name).ok_or_else(|| {
+                            self.err(format!("`tie` names `{name}`, which is not an embedding traced before this layer"))
+                        })?;
+                        let ws = self.val(w).shape.clone();
+                        if ws.dims() != [*num_embeddings, *embedding_dim] {
+                            return Err(self.err(format!("tied weight `{name}` has shape {ws}, expected [{num_embeddings}, {embedding_dim}]")));
+                        }
+                        w
+                    }
+                    None => self.param(Shape::from([*num_embeddings, *embedding_dim]), train)?,
+                };
                 self.embeddings.insert(layer.name.clone(), w);
                 let mut dims = xv.shape.dims().to_vec();
                 dims.push(*embedding_dim);
@@ -1377,8 +1393,14 @@ impl Tracer<'_> {
                 fused_qkv,
                 rotary,
                 dropout,
+                qk_norm,
+                position_bias,
+                sliding_window,
             } => {
                 let cfg = AttnCfg {
+                    qk_norm: *qk_norm,
+                    position_bias: *position_bias,
+                    sliding_window: *sliding_window,
                     style: *style,
                     kv_cache: *kv_cache,
                     heads: *heads,
@@ -1394,6 +1416,12 @@ impl Tracer<'_> {
                 self.attention(x, &cfg, train)
             }
             Op::CrossEntropy { shift, upcast } => self.cross_entropy(x, *shift, *upcast),
+            Op::CrossAttention { .. }
+            | Op::RelativePositionBias { .. }
+            | Op::Moe { .. }
+            | Op::StochasticDepth { .. }
+            | Op::ShiftRight
+            | Op::Scale { .. } => Err(self.err("this layer kind is not traced yet".into())),
         }
     }
 
@@ -1613,7 +1641,16 @@ impl Tracer<'_> {
                 inplace,
             ),
             Activation::Gelu => self.unary(x, "gelu", Keep::Input, false),
-            Activation::Silu => self.unary(x, "silu", Keep::Input, false),
+            Activation::Silu { inplace } => self.unary(
+                x,
+                "silu",
+                if inplace {
+                    Keep::InputClone
+                } else {
+                    Keep::Input
+                },
+                inplace,
+            ),
             Activation::Tanh => self.unary(x, "tanh", Keep::Output, false),
             Activation::Sigmoid => self.unary(x, "sigmoid", Keep::Output, false),
             Activation::GeluNew => {
@@ -2236,6 +2273,9 @@ enum Keep {
 }
 
 struct AttnCfg {
+    qk_norm: bool,
+    position_bias: bool,
+    sliding_window: Option<u64>,
     style: AttnStyle,
     kv_cache: bool,
     heads: u64,
