@@ -155,6 +155,10 @@ pub enum Op {
     /// `nn.BatchNorm1d/2d` over dimension 1: params `2C` (weight, bias), buffers running mean
     /// and variance (`2C`) and an int64 `num_batches_tracked`.
     BatchNorm {
+        /// 1 (`batchnorm1d`: `[B, C]` or `[B, C, L]`) or 2 (`batchnorm2d`: `[B, C, H, W]`).
+        spatial: usize,
+        /// Expected channels, checked when given.
+        num_features: Option<u64>,
         /// Has weight and bias.
         affine: bool,
         /// Keeps running statistics (buffers).
@@ -592,6 +596,18 @@ fn pair_positive(p: Pair, key: &str) -> Result<Pair, String> {
     }
 }
 
+/// PyTorch's pooling requires `padding <= kernel / 2`.
+fn pool_padding(kernel: Pair, padding: Option<Pair>) -> Result<(), String> {
+    let p = padding.unwrap_or(Pair(0, 0));
+    if p.0 > kernel.0 / 2 || p.1 > kernel.1 / 2 {
+        return Err(format!(
+            "`padding` must be at most half the kernel (kernel [{}, {}], padding [{}, {}])",
+            kernel.0, kernel.1, p.0, p.1
+        ));
+    }
+    Ok(())
+}
+
 fn probability(p: Option<f64>, key: &str) -> Result<f64, String> {
     let p = p.unwrap_or(0.0);
     if (0.0..1.0).contains(&p) {
@@ -652,8 +668,9 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         }
         K::BatchNorm1d | K::BatchNorm2d => {
             check_keys(s, &["num_features", "affine", "track_running_stats"])?;
-            positive_opt(s.num_features, "num_features")?;
             Op::BatchNorm {
+                spatial: if s.kind == K::BatchNorm1d { 1 } else { 2 },
+                num_features: positive_opt(s.num_features, "num_features")?,
                 affine: s.affine.unwrap_or(true),
                 track_running_stats: s.track_running_stats.unwrap_or(true),
             }
@@ -805,6 +822,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         K::MaxPool2d => {
             check_keys(s, &["kernel", "stride", "padding", "dilation", "ceil_mode"])?;
             let kernel = pair_positive(s.kernel.ok_or("missing `kernel`")?, "kernel")?;
+            pool_padding(kernel, s.padding)?;
             Op::MaxPool2d {
                 kernel,
                 stride: pair_positive(s.stride.unwrap_or(kernel), "stride")?,
@@ -816,6 +834,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         K::AvgPool2d => {
             check_keys(s, &["kernel", "stride", "padding", "ceil_mode"])?;
             let kernel = pair_positive(s.kernel.ok_or("missing `kernel`")?, "kernel")?;
+            pool_padding(kernel, s.padding)?;
             Op::AvgPool2d {
                 kernel,
                 stride: pair_positive(s.stride.unwrap_or(kernel), "stride")?,

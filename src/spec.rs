@@ -61,6 +61,7 @@ pub struct ModelSpec {
     pub layers: Vec<LayerSpec>,
 }
 
+#[allow(clippy::derivable_impls)] // the enum comes from a macro
 impl Default for LayerKind {
     fn default() -> Self {
         LayerKind::Linear
@@ -448,6 +449,11 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
                 message: improve(e.message()),
             })
         }),
+        Format::Json if !src.trim_start().starts_with('{') => Err(Error::Spec(SpecError {
+            line: Some(1),
+            column: Some(1),
+            message: "the top level must be a JSON object with `input` and `layers`".into(),
+        })),
         Format::Json => serde_json::from_str::<ModelSpec>(src).map_err(|e| {
             let text = e.to_string();
             let suffix = format!(" at line {} column {}", e.line(), e.column());

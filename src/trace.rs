@@ -801,17 +801,35 @@ impl Tracer<'_> {
                 Ok(y)
             }
             Op::BatchNorm {
+                spatial,
+                num_features,
                 affine,
                 track_running_stats,
             } => {
-                if xv.shape.rank() < 2 {
+                let rank = xv.shape.rank();
+                let ok = if *spatial == 1 {
+                    rank == 2 || rank == 3
+                } else {
+                    rank == 4
+                };
+                if !ok {
+                    let expected = if *spatial == 1 {
+                        "[batch, channels] or [batch, channels, length]"
+                    } else {
+                        "[batch, channels, height, width]"
+                    };
                     return Err(self.err(format!(
-                        "input {} has rank {}, expected at least [batch, channels]",
-                        xv.shape,
-                        xv.shape.rank()
+                        "input {} has rank {rank}, expected {expected}",
+                        xv.shape
                     )));
                 }
                 let c = xv.shape.dims()[1];
+                if let Some(n) = num_features.filter(|&n| n != c) {
+                    return Err(self.err(format!(
+                        "input {} has {c} channels, expected num_features = {n}",
+                        xv.shape
+                    )));
+                }
                 let mut ins = vec![x];
                 if *affine {
                     ins.push(self.param(Shape::from([c]), train)?);

@@ -16,6 +16,7 @@ Usage (with /opt/gt/bin/python):
   saved_tensors.py CASE_ID [--module REGEX] [--summary] [--json OUT] [--live]
   saved_tensors.py --spec '{"id": "x", "model": "tv:resnet18", "batch": 2}'
   saved_tensors.py --list
+  saved_tensors.py --ops        (single-op experiments behind SAVED_TENSORS.md's op table)
 CASE_ID is looked up in shared/groundtruth/cases.json and tools/extra_cases.json.
   --module REGEX   print details only for modules whose qualified name matches (e.g. 'h\\.0\\.')
   --summary        only the per-top-level-module totals and the grand total
@@ -230,6 +231,57 @@ def run_case(case):
     return model, [saved[k] for k in order], n_ckpt
 
 
+def op_rules():
+    """--ops: tiny single-op experiments behind the op-rule table of SAVED_TENSORS.md."""
+    import torch.nn.functional as F
+
+    def show(name, fn, *shapes, dtype=torch.float32):
+        xs = [torch.randn(*sh, dtype=dtype, requires_grad=True) * 1 for sh in shapes]  # non-leaf inputs
+        ins = {x.untyped_storage().data_ptr(): f"in{i}" for i, x in enumerate(xs)}
+        rec = []
+
+        def pack(t):
+            rec.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        optr = {o.untyped_storage().data_ptr(): f"out{i}" for i, o in enumerate(outs) if torch.is_tensor(o)}
+        desc = []
+        for t in rec:
+            ptr = t.untyped_storage().data_ptr()
+            who = ins.get(ptr) or optr.get(ptr) or "new"
+            desc.append(f"{who}{fmt_shape(t.shape)}:{dtype_name(t.dtype)}")
+        node = outs[0].grad_fn.name() if outs[0].grad_fn is not None else "-"
+        same = any(o.untyped_storage().data_ptr() in ins for o in outs if torch.is_tensor(o))
+        print(f"  {name:34} {node:46} saves: {' '.join(desc) or '-'}{'  (output IS the input)' if same else ''}")
+
+    x = (4, 8)
+    print("op-rule experiments (in = an input storage, out = the output storage, new = anything else):")
+    show("dropout p=0.1 fp32", lambda a: F.dropout(a, 0.1, True), x)
+    show("dropout p=0.1 bf16", lambda a: F.dropout(a, 0.1, True), x, dtype=torch.bfloat16)
+    show("dropout p=0", lambda a: F.dropout(a, 0.0, True), x)
+    show("gelu", F.gelu, x)
+    show("gelu tanh", lambda a: F.gelu(a, approximate="tanh"), x)
+    show("silu", F.silu, x)
+    for n, f in [("relu_", F.relu), ("relu6_", F.relu6), ("silu_", F.silu), ("hardswish_", F.hardswish), ("leaky_relu_", F.leaky_relu)]:
+        show(n, lambda a, f=f: f(a, inplace=True), x)
+    show("sigmoid", torch.sigmoid, x)
+    show("layer_norm", lambda a: F.layer_norm(a, (8,)), x)
+    show("batch_norm train", lambda a: F.batch_norm(a, None, None, training=True), (2, 3, 4, 4))
+    show("adaptive_avg_pool2d(1)", lambda a: F.adaptive_avg_pool2d(a, 1), (2, 3, 4, 4))
+    show("adaptive_avg_pool2d(2)", lambda a: F.adaptive_avg_pool2d(a, 2), (2, 3, 4, 4))
+    show("max_pool2d", lambda a: F.max_pool2d(a, 2), (2, 3, 4, 4))
+    show("cross_entropy", lambda a: F.cross_entropy(a, torch.zeros(4, dtype=torch.long)), x)
+    qkv = (2, 4, 16, 8)
+    show("sdpa causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv, qkv, qkv)
+    show("sdpa causal dropout 0.1", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1), qkv, qkv, qkv)
+    show("sdpa bool mask", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool).tril()), qkv, qkv, qkv)
+    show("sdpa gqa (kv heads 2)", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), qkv, (2, 2, 16, 8), (2, 2, 16, 8))
+    show("sdpa bf16", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv, qkv, qkv, dtype=torch.bfloat16)
+
+
 def reference_bytes(case_id):
     path = os.path.join(GT, "reference.json")
     if not os.path.exists(path):
@@ -251,10 +303,14 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--live", action="store_true")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--ops", action="store_true", help="run the single-op experiments and exit")
     ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.ops:
+        op_rules()
+        return
     cases = load_cases()
     if a.list:
         for cid, c in cases.items():

@@ -1,0 +1,8 @@
+//! Integration tests of the `memest` binary: one test binary (`cargo test --test it`).
+
+mod common;
+
+mod cli;
+mod errors;
+mod examples;
+mod reference;

@@ -1,0 +1,246 @@
+//! Estimates checked against measured figures (`tests/data/`, see its README).
+//!
+//! Each case of `cases-cli.json` runs `memest ARGS --format json` from the crate root and is
+//! compared with its record in `reference.json`: parameter, gradient and optimizer-state bytes
+//! and the parameter count exactly, saved activations within 5 %, the step's peak within 10 %,
+//! and over all cases the median absolute errors of both within 3 %.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::common::{err_pct, path, report, u};
+
+const ACT_TOL_PCT: f64 = 5.0;
+const PEAK_TOL_PCT: f64 = 10.0;
+const MEDIAN_TOL_PCT: f64 = 3.0;
+
+/// How one figure is judged.
+#[derive(Clone, Copy, PartialEq)]
+enum Check {
+    Exact,
+    WithinPct(f64),
+}
+
+/// One compared figure of one case.
+struct Row {
+    case: String,
+    field: &'static str,
+    memest: u64,
+    measured: u64,
+    check: Check,
+}
+
+impl Row {
+    fn err(&self) -> Option<f64> {
+        (self.measured != 0).then(|| err_pct(self.memest, self.measured))
+    }
+
+    fn ok(&self) -> bool {
+        match self.check {
+            Check::Exact => self.memest == self.measured,
+            Check::WithinPct(tol) => match self.err() {
+                None => self.memest == 0,
+                Some(e) => e.abs() <= tol,
+            },
+        }
+    }
+}
+
+fn load(rel: &str) -> Value {
+    let p = path(rel);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn get_u64(v: &Value, pointer: &str, case: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("reference case {case}: `{pointer}` missing"))
+}
+
+/// Every case: (id, memest arguments, reference record), in the order of `cases-cli.json`.
+fn cases() -> Vec<(String, Vec<String>, Value)> {
+    let cli = load("tests/data/cases-cli.json");
+    let refs = load("tests/data/reference.json");
+    let refs = refs.as_array().expect("reference.json is an array");
+    let cli = cli.as_object().expect("cases-cli.json is an object");
+    let mut out = Vec::new();
+    for (id, args) in cli.iter().filter(|(k, _)| !k.starts_with('_')) {
+        let args: Vec<String> = args
+            .as_array()
+            .unwrap_or_else(|| panic!("cases-cli.json: {id} is not a list"))
+            .iter()
+            .map(|a| a.as_str().expect("arguments are strings").to_string())
+            .collect();
+        let record = refs
+            .iter()
+            .find(|r| r["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("cases-cli.json names {id}, which reference.json lacks"))
+            .clone();
+        out.push((id.clone(), args, record));
+    }
+    out
+}
+
+/// Runs memest on every case and lists every compared figure.
+fn compare_all() -> Vec<Row> {
+    let cases = cases();
+    assert!(
+        cases.len() >= 13,
+        "expected at least 13 measured cases, found {}",
+        cases.len()
+    );
+    let mut rows = Vec::new();
+    for (id, args, r) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let est = report(&args);
+        let mut row = |field, memest, measured, check| {
+            rows.push(Row {
+                case: id.clone(),
+                field,
+                memest,
+                measured,
+                check,
+            });
+        };
+        row(
+            "param_count",
+            u(&est, "param_count"),
+            get_u64(r, "/params/count", id),
+            Check::Exact,
+        );
+        row(
+            "parameters_bytes",
+            u(&est, "parameters_bytes"),
+            get_u64(r, "/params/bytes", id),
+            Check::Exact,
+        );
+        row(
+            "gradients_bytes",
+            u(&est, "gradients_bytes"),
+            get_u64(r, "/grads_bytes", id),
+            Check::Exact,
+        );
+        row(
+            "optimizer_state_bytes",
+            u(&est, "optimizer_state_bytes"),
+            get_u64(r, "/optimizer_state_bytes", id),
+            Check::Exact,
+        );
+        row(
+            "activations_bytes",
+            u(&est, "activations_bytes"),
+            get_u64(r, "/saved_activations_bytes", id),
+            Check::WithinPct(ACT_TOL_PCT),
+        );
+        row(
+            "peak_bytes",
+            u(&est, "peak_bytes"),
+            get_u64(r, "/timeline/peak_total", id),
+            Check::WithinPct(PEAK_TOL_PCT),
+        );
+    }
+    rows
+}
+
+/// A readable table of every row, failing ones marked.
+fn table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<38} {:<22} {:>15} {:>15} {:>8}  {}\n",
+        "case", "field", "memest", "measured", "err%", "check"
+    );
+    for r in rows {
+        let err = r
+            .err()
+            .map_or_else(|| "-".to_string(), |e| format!("{e:+.2}"));
+        let check = match r.check {
+            Check::Exact => "exact".to_string(),
+            Check::WithinPct(t) => format!("±{t}%"),
+        };
+        let _ = writeln!(
+            s,
+            "{:<38} {:<22} {:>15} {:>15} {:>8}  {}{}",
+            r.case,
+            r.field,
+            r.memest,
+            r.measured,
+            err,
+            check,
+            if r.ok() { "" } else { "  <-- FAIL" }
+        );
+    }
+    s
+}
+
+#[test]
+fn every_case_matches_the_measurements() {
+    let rows = compare_all();
+    let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok()).collect();
+    let names: Vec<String> = failed
+        .iter()
+        .map(|r| format!("{} {}", r.case, r.field))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} figures are outside tolerance ({}):\n{}",
+        failed.len(),
+        rows.len(),
+        names.join(", "),
+        table(&rows)
+    );
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    assert!(!xs.is_empty(), "no errors to take the median of");
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        f64::midpoint(xs[n / 2 - 1], xs[n / 2])
+    }
+}
+
+#[test]
+fn median_errors_are_small() {
+    let rows = compare_all();
+    let abs_errs = |field: &str| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| r.field == field)
+            .filter_map(Row::err)
+            .map(f64::abs)
+            .collect()
+    };
+    let act = median(abs_errs("activations_bytes"));
+    let peak = median(abs_errs("peak_bytes"));
+    assert!(
+        act <= MEDIAN_TOL_PCT && peak <= MEDIAN_TOL_PCT,
+        "median |error|: activations {act:.2}%, peak {peak:.2}% (limit {MEDIAN_TOL_PCT}%)\n{}",
+        table(&rows)
+    );
+}
+
+#[test]
+fn median_is_the_middle_value() {
+    assert!((median(vec![3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
+    assert!((median(vec![4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-12);
+}
+
+/// The inference cases keep nothing for backward: the reference says 0, and so must memest.
+#[test]
+fn inference_cases_save_nothing() {
+    let mut seen = 0;
+    for (id, args, r) in cases() {
+        if r["saved_activations_bytes"] != 0 {
+            continue;
+        }
+        seen += 1;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let est = report(&args);
+        assert_eq!(u(&est, "activations_bytes"), 0, "{id}");
+        assert_eq!(u(&est, "gradients_bytes"), 0, "{id}");
+        assert_eq!(u(&est, "optimizer_state_bytes"), 0, "{id}");
+    }
+    assert!(seen >= 2, "expected the two inference cases, found {seen}");
+}
