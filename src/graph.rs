@@ -525,7 +525,7 @@ fn build_layers(
                 return Err(fail("`cross_attention` takes two `inputs`: the queries' source and the encoder output, e.g. inputs = [\"ln\", \"encoder\"]".into()));
             }
         } else if let Node::Op(Op::Add { .. } | Op::Mul | Op::Concat { .. }) = &node {
-            if inputs.len() < 2 {
+            if inputs.len() < 2 && !matches!(node, Node::Op(Op::Concat { .. })) {
                 return Err(fail(format!(
                     "`{}` needs at least two `inputs`, e.g. inputs = [\"{INPUT}\", \"conv3\"]",
                     spec.kind

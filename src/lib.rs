@@ -2,9 +2,10 @@
 //! model description, before the job runs, with a breakdown a person can check.
 //!
 //! The pipeline runs one way:
-//! file text → [`spec::parse`] → [`graph::build`] (validated layers) → [`trace::trace`]
-//! (shapes and, per operator, the tensors autograd saves) → [`sim::simulate`] (the step's peak)
-//! → [`report::Report`] → [`render`] table or JSON.
+//! file text → [`spec::parse`] (a Hugging Face `config.json`: [`hf::to_spec`]) →
+//! [`graph::build`] (validated layers) → [`trace::trace`] (shapes and, per operator, the tensors
+//! autograd saves) → [`sim::simulate`] (the step's peak) → [`report::Report`] → [`render`]
+//! table or JSON.
 //!
 //! ```
 //! let src = r#"
@@ -23,6 +24,7 @@
 pub mod dtype;
 pub mod error;
 pub mod graph;
+pub mod hf;
 pub mod render;
 pub mod report;
 pub mod settings;
@@ -49,8 +51,48 @@ pub fn estimate(
     overrides: &settings::Overrides,
     budget: Option<u64>,
 ) -> Result<Report, Error> {
-    let spec = spec::parse(src, format)?;
-    let model = graph::build(&spec, name)?;
+    let spec = load_spec(src, format, hf::Head::Auto)?;
+    estimate_spec(&spec, name, overrides, budget)
+}
+
+/// Reads a model description: memest's own file, or a Hugging Face `config.json` (JSON with a
+/// top-level `model_type` or `architectures` and no `layers`/`input`, see [`hf::is_hf_config`])
+/// translated by [`hf::to_spec`] with the given `head`.
+///
+/// # Errors
+/// A syntax or schema error with its line and column; for a Hugging Face config, an unsupported
+/// `model_type` or a missing field; [`Error::Setting`] when `head` is not [`hf::Head::Auto`]
+/// and the file is not a Hugging Face config.
+pub fn load_spec(
+    src: &str,
+    format: spec::Format,
+    head: hf::Head,
+) -> Result<spec::ModelSpec, Error> {
+    if format == spec::Format::Json
+        && let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
+        && hf::is_hf_config(&value)
+    {
+        return hf::to_spec(&value, head);
+    }
+    if head != hf::Head::Auto {
+        return Err(Error::Setting(
+            "--head applies only to Hugging Face configs (config.json with `model_type`); this is a memest model file".into(),
+        ));
+    }
+    spec::parse(src, format)
+}
+
+/// Traces and simulates a parsed description (see [`estimate`]).
+///
+/// # Errors
+/// As [`estimate`], less the syntax errors.
+pub fn estimate_spec(
+    spec: &spec::ModelSpec,
+    name: &str,
+    overrides: &settings::Overrides,
+    budget: Option<u64>,
+) -> Result<Report, Error> {
+    let model = graph::build(spec, name)?;
     let settings = settings::Settings::resolve(&model.defaults, overrides)?;
     let tape = trace::trace(&model, &settings)?;
     let sim = sim::simulate(&tape, &settings);

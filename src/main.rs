@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 
 use memest::dtype::DType;
-use memest::settings::{Amp, AttentionImpl, Device, Mode, Optimizer, Overrides};
+use memest::hf::Head;
+use memest::settings::{Amp, AttentionImpl, Device, Mode, Optimizer, Overrides, RecipeName};
 use memest::spec::Format;
 use memest::units::{UnitSystem, parse_size};
 
@@ -41,6 +42,11 @@ struct Cli {
     /// Mixed precision: float32 weights under torch.autocast.
     #[arg(long, value_enum)]
     amp: Option<Amp>,
+    /// Precision recipe: the dtypes of weights, gradients, master weights and optimizer state
+    /// (fp32, bf16, fp16, amp-bf16, amp-fp16, mixed-bf16, mixed-fp16, mixed-bf16-fp32-grads);
+    /// default: what --dtype and --amp imply.
+    #[arg(long, value_enum)]
+    recipe: Option<RecipeName>,
     /// Activation checkpointing of every repeated block.
     #[arg(long)]
     checkpoint: bool,
@@ -59,6 +65,14 @@ struct Cli {
     /// Also print a per-layer table (output shape, parameters, what each layer keeps).
     #[arg(long)]
     per_layer: bool,
+    /// Head on a Hugging Face config.json: `auto` follows its `architectures`; `none` is the bare
+    /// model without a loss.
+    #[arg(long, value_enum, default_value_t = Head::Auto)]
+    head: Head,
+    /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face
+    /// config.json, and exit.
+    #[arg(long)]
+    print_model: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -127,8 +141,19 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         lora: None,
         quant: None,
         kv_dtype: None,
+        recipe: cli.recipe,
     };
-    let report = memest::estimate(&src, format, &name, &overrides, cli.budget)
+    let mut spec = memest::load_spec(&src, format, cli.head)
+        .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
+    if cli.print_model {
+        spec.name.get_or_insert(name);
+        let text = toml::to_string_pretty(&spec).context("failed to write the model as TOML")?;
+        let mut out = io::stdout().lock();
+        write!(out, "{text}")?;
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = memest::estimate_spec(&spec, &name, &overrides, cli.budget)
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
     let units = if cli.si {
         UnitSystem::Si

@@ -16,16 +16,7 @@ fn share(part: u64, total: u64) -> String {
 }
 
 fn key(c: Category) -> &'static str {
-    match c {
-        Category::Parameters => "parameters_bytes",
-        Category::Buffers => "buffers_bytes",
-        Category::Gradients => "gradients_bytes",
-        Category::OptimizerState => "optimizer_state_bytes",
-        Category::Activations => "activations_bytes",
-        Category::Temporaries => "temporaries_bytes",
-        Category::Input => "input_bytes",
-        Category::KvCache => "kv_cache_bytes",
-    }
+    c.key()
 }
 
 fn thousands(n: u64) -> String {
@@ -87,6 +78,7 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         thousands(r.param_count),
         thousands(r.trainable_param_count)
     ));
+    out.push_str(&recipe_line(r));
 
     let mut table = Table::new();
     table.load_style(presets::UTF8_FULL_CONDENSED);
@@ -135,8 +127,13 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         r.peak_phase.title()
     ));
     if s.training() {
+        let master = if r.master_weights_bytes > 0 {
+            format!("; master weights: {}", fmt(r.master_weights_bytes))
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "saved for backward: {}; gradients: {}; optimizer state: {}\n",
+            "saved for backward: {}; gradients: {}; optimizer state: {}{master}\n",
             fmt(r.activations_bytes),
             fmt(r.gradients_bytes),
             fmt(r.optimizer_state_bytes)
@@ -163,6 +160,57 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         }
     }
     out
+}
+
+/// A bytes-per-parameter figure: whole numbers plain, others with up to three decimals.
+fn per_param(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_string()
+}
+
+/// `recipe: mixed-bf16: 2 (weights) + 2 (grads) + 4 (master) + 8 (adam) = 16 bytes/parameter`.
+fn recipe_line(r: &Report) -> String {
+    let rec = &r.recipe;
+    let b = rec.bytes_per_param;
+    let mut terms = vec![format!("{} (weights)", per_param(b.weights))];
+    let note = if r.settings.training() {
+        terms.push(format!("{} (grads)", per_param(b.gradients)));
+        if rec.master_weights_dtype.is_some() {
+            terms.push(format!("{} (master)", per_param(b.master_weights)));
+        }
+        if let Some(o) = r.settings.optimizer {
+            let what = if o == crate::settings::Optimizer::Adafactor {
+                "adafactor, factored: this model's average".to_string()
+            } else {
+                o.to_string()
+            };
+            terms.push(format!("{} ({what})", per_param(b.optimizer_state)));
+        }
+        String::new()
+    } else {
+        " (inference: no gradients or optimizer state)".to_string()
+    };
+    let mut dtypes = Vec::new();
+    if let Some(a) = rec.autocast_dtype {
+        dtypes.push(format!("autocast to {a}"));
+    } else if rec.activations_dtype != crate::dtype::DType::Float32 {
+        dtypes.push(format!("{} activations", rec.activations_dtype));
+    }
+    if let Some(m) = rec.master_weights_dtype {
+        dtypes.push(format!("{m} master weights and optimizer state"));
+    }
+    let dtypes = if dtypes.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", dtypes.join(", "))
+    };
+    format!(
+        "recipe: {}: {} = {} bytes/parameter{note}{dtypes}\n",
+        rec.name,
+        terms.join(" + "),
+        per_param(b.total)
+    )
 }
 
 /// The per-layer table (`--per-layer`).
@@ -196,4 +244,18 @@ pub fn per_layer(r: &Report, units: UnitSystem) -> String {
         }
     }
     format!("{table}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_param_figures_drop_trailing_zeros() {
+        assert_eq!(per_param(16.0), "16");
+        assert_eq!(per_param(0.0), "0");
+        assert_eq!(per_param(2.03125), "2.031");
+        assert_eq!(per_param(0.5), "0.5");
+        assert_eq!(per_param(10.0 + 1.0 / 3.0), "10.333");
+    }
 }

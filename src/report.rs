@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::dtype::DType;
 use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::sim::{Category, Phase, Simulation};
@@ -17,6 +18,8 @@ pub struct Report {
     pub model: String,
     /// Settings used.
     pub settings: Settings,
+    /// The precision recipe in effect and the bytes per parameter it implies.
+    pub recipe: RecipeReport,
     /// Shape of the input batch.
     pub input_shape: Shape,
     /// All parameters (tied weights once).
@@ -29,8 +32,11 @@ pub struct Report {
     pub buffers_bytes: u64,
     /// Gradient bytes (same shapes and dtypes as the trainable parameters).
     pub gradients_bytes: u64,
-    /// Optimizer state bytes (moments, momentum buffers, Adam's float32 step per tensor).
+    /// Optimizer state bytes (moments, momentum buffers, float32 step counters, 8-bit states
+    /// and their scales), in the dtype of the tensors the optimizer updates.
     pub optimizer_state_bytes: u64,
+    /// Float32 master weights of a `mixed-*` recipe (0 otherwise, and in inference).
+    pub master_weights_bytes: u64,
     /// Bytes autograd saves for backward during the forward pass, each storage once, leaving out
     /// parameters and the input batch (0 in inference, which keeps nothing).
     pub activations_bytes: u64,
@@ -41,7 +47,8 @@ pub struct Report {
     /// The largest total of live activations at any moment (saved or transient, KV cache
     /// included): what inference needs beyond the weights.
     pub peak_activations_bytes: u64,
-    /// Temporaries of one optimizer step (`foreach` implementations).
+    /// Temporaries of one optimizer step (`foreach` implementations), plus the float32 copies
+    /// of 16-bit gradients under a `mixed-*` recipe.
     pub optimizer_temporaries_bytes: u64,
     /// The estimated memory needed: the peak of the simulated step.
     pub total_bytes: u64,
@@ -59,6 +66,104 @@ pub struct Report {
     pub budget: Option<Budget>,
     /// One entry per layer (layers of repeated blocks once, with `repeat` copies).
     pub layers: Vec<LayerReport>,
+}
+
+/// The precision recipe: the dtypes it fixes and its bytes per parameter.
+#[derive(Clone, Debug, Serialize)]
+pub struct RecipeReport {
+    /// `fp32`, `bf16`, `fp16`, `amp-bf16`, `amp-fp16`, `mixed-bf16`, `mixed-fp16`,
+    /// `mixed-bf16-fp32-grads`, or `pure-<dtype>`.
+    pub name: String,
+    /// Whether `--recipe` named it (else it follows from `--dtype` and `--amp`).
+    pub explicit: bool,
+    /// dtype of the parameters.
+    pub weights_dtype: DType,
+    /// dtype of the parameters' gradients (null in inference).
+    pub gradients_dtype: Option<DType>,
+    /// dtype of the master weights, when there are some (null in inference).
+    pub master_weights_dtype: Option<DType>,
+    /// dtype of the optimizer's per-element state (null without state).
+    pub optimizer_state_dtype: Option<DType>,
+    /// The autocast dtype, when autocast runs.
+    pub autocast_dtype: Option<DType>,
+    /// dtype activations are computed in outside autocast regions.
+    pub activations_dtype: DType,
+    /// Bytes per trainable parameter (frozen ones take `weights` only).
+    pub bytes_per_param: BytesPerParam,
+}
+
+/// Bytes per parameter a recipe implies. Optimizer state leaves out per-tensor step counters;
+/// for Adafactor, whose factored state depends on the shapes, it is this model's average.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct BytesPerParam {
+    /// The parameter itself.
+    #[serde(serialize_with = "number")]
+    pub weights: f64,
+    /// Its gradient.
+    #[serde(serialize_with = "number")]
+    pub gradients: f64,
+    /// Its float32 master copy.
+    #[serde(serialize_with = "number")]
+    pub master_weights: f64,
+    /// Its optimizer state.
+    #[serde(serialize_with = "number")]
+    pub optimizer_state: f64,
+    /// The sum.
+    #[serde(serialize_with = "number")]
+    pub total: f64,
+}
+
+/// Whole numbers as JSON integers (`16`, not `16.0`), others as they are.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn number<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked whole and small
+    if v.fract() == 0.0 && (0.0..9.0e15).contains(v) {
+        s.serialize_u64(*v as u64)
+    } else {
+        s.serialize_f64(*v)
+    }
+}
+
+impl RecipeReport {
+    fn new(settings: &Settings, state_bytes: u64, trainable_params: u64) -> RecipeReport {
+        let r = &settings.recipe;
+        let training = settings.training();
+        #[allow(clippy::cast_precision_loss)] // bit widths are small
+        let bytes = |d: DType| d.bits() as f64 / 8.0;
+        let opt_dtype = r.optimizer_dtype();
+        let optimizer = settings.optimizer.filter(|_| training);
+        let optimizer_state = optimizer.map_or(0.0, |o| {
+            o.nominal_state_bytes_per_param(bytes(opt_dtype))
+                .unwrap_or_else(|| {
+                    #[allow(clippy::cast_precision_loss)] // an average for display
+                    let avg = state_bytes as f64 / trainable_params.max(1) as f64;
+                    (avg * 1000.0).round() / 1000.0
+                })
+        });
+        let weights = bytes(r.weights);
+        let gradients = if training { bytes(r.gradients) } else { 0.0 };
+        let master_weights = match r.master_weights {
+            Some(m) if training => bytes(m),
+            _ => 0.0,
+        };
+        RecipeReport {
+            name: r.name.clone(),
+            explicit: r.explicit,
+            weights_dtype: r.weights,
+            gradients_dtype: training.then_some(r.gradients),
+            master_weights_dtype: r.master_weights.filter(|_| training),
+            optimizer_state_dtype: optimizer.and_then(|o| o.state_dtype(opt_dtype)),
+            autocast_dtype: r.autocast.map(crate::settings::Amp::dtype),
+            activations_dtype: r.activations(),
+            bytes_per_param: BytesPerParam {
+                weights,
+                gradients,
+                master_weights,
+                optimizer_state,
+                total: weights + gradients + master_weights + optimizer_state,
+            },
+        }
+    }
 }
 
 /// A budget check.
@@ -95,23 +200,11 @@ pub struct LayerReport {
     pub kept: Vec<String>,
 }
 
-fn category_map(values: &[u64; 8]) -> BTreeMap<&'static str, u64> {
+fn category_map(values: &[u64; Category::COUNT]) -> BTreeMap<&'static str, u64> {
     Category::ALL
         .iter()
         .zip(values)
-        .map(|(c, &v)| {
-            let key = match c {
-                Category::Parameters => "parameters_bytes",
-                Category::Buffers => "buffers_bytes",
-                Category::Gradients => "gradients_bytes",
-                Category::OptimizerState => "optimizer_state_bytes",
-                Category::Activations => "activations_bytes",
-                Category::Temporaries => "temporaries_bytes",
-                Category::Input => "input_bytes",
-                Category::KvCache => "kv_cache_bytes",
-            };
-            (key, v)
-        })
+        .map(|(c, &v)| (c.key(), v))
         .collect()
 }
 
@@ -134,21 +227,24 @@ impl Report {
         };
         let layers = layer_reports(tape, sim);
         let total = sim.peak_bytes;
+        let trainable_param_count = tape
+            .params
+            .iter()
+            .filter(|p| p.trainable)
+            .map(|p| p.numel)
+            .sum();
         Report {
             model: model.to_string(),
             settings: settings.clone(),
+            recipe: RecipeReport::new(settings, sim.optimizer_state_bytes, trainable_param_count),
             input_shape: tape.input_shape.clone(),
             param_count: tape.params.iter().map(|p| p.numel).sum(),
-            trainable_param_count: tape
-                .params
-                .iter()
-                .filter(|p| p.trainable)
-                .map(|p| p.numel)
-                .sum(),
+            trainable_param_count,
             parameters_bytes: tape.params.iter().map(|p| p.bytes).sum(),
             buffers_bytes: bytes_of(StorageKind::Buffer),
             gradients_bytes: sim.gradient_bytes,
             optimizer_state_bytes: sim.optimizer_state_bytes,
+            master_weights_bytes: sim.master_weights_bytes,
             activations_bytes: sim.saved_bytes,
             input_bytes: bytes_of(StorageKind::Input),
             kv_cache_bytes: bytes_of(StorageKind::KvCache),
@@ -232,4 +328,24 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
                 .collect(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_per_param_are_json_numbers() {
+        let b = BytesPerParam {
+            weights: 2.0,
+            gradients: 2.0,
+            master_weights: 4.0,
+            optimizer_state: 2.03125,
+            total: 10.03125,
+        };
+        assert_eq!(
+            serde_json::to_string(&b).unwrap(),
+            r#"{"weights":2,"gradients":2,"master_weights":4,"optimizer_state":2.03125,"total":10.03125}"#
+        );
+    }
 }

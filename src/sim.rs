@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::settings::Settings;
-use crate::trace::{StorageKind, Tape};
+use crate::trace::{Param, StorageKind, Tape};
 
 /// Categories of live memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -39,6 +39,8 @@ pub enum Category {
     Buffers,
     /// Optimizer state.
     OptimizerState,
+    /// Float32 master copies of 16-bit parameters (`mixed-*` recipes).
+    MasterWeights,
     /// Parameter gradients (`.grad`).
     Gradients,
     /// Tensors saved for backward, and the model output and loss held by the caller.
@@ -53,11 +55,15 @@ pub enum Category {
 }
 
 impl Category {
+    /// Number of categories.
+    pub const COUNT: usize = 9;
+
     /// All categories in report order.
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; Category::COUNT] = [
         Category::Parameters,
         Category::Buffers,
         Category::Gradients,
+        Category::MasterWeights,
         Category::OptimizerState,
         Category::Activations,
         Category::Temporaries,
@@ -72,6 +78,7 @@ impl Category {
             Category::Parameters => "Parameters",
             Category::Buffers => "Buffers",
             Category::OptimizerState => "Optimizer state",
+            Category::MasterWeights => "Master weights",
             Category::Gradients => "Gradients",
             Category::Activations => "Activations",
             Category::Temporaries => "Temporaries",
@@ -80,16 +87,33 @@ impl Category {
         }
     }
 
+    /// The key in the JSON report's `at_peak` and `category_max` maps.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Category::Parameters => "parameters_bytes",
+            Category::Buffers => "buffers_bytes",
+            Category::Gradients => "gradients_bytes",
+            Category::MasterWeights => "master_weights_bytes",
+            Category::OptimizerState => "optimizer_state_bytes",
+            Category::Activations => "activations_bytes",
+            Category::Temporaries => "temporaries_bytes",
+            Category::Input => "input_bytes",
+            Category::KvCache => "kv_cache_bytes",
+        }
+    }
+
     const fn index(self) -> usize {
         match self {
             Category::Parameters => 0,
             Category::Buffers => 1,
             Category::Gradients => 2,
-            Category::OptimizerState => 3,
-            Category::Activations => 4,
-            Category::Temporaries => 5,
-            Category::Input => 6,
-            Category::KvCache => 7,
+            Category::MasterWeights => 3,
+            Category::OptimizerState => 4,
+            Category::Activations => 5,
+            Category::Temporaries => 6,
+            Category::Input => 7,
+            Category::KvCache => 8,
         }
     }
 }
@@ -128,9 +152,9 @@ pub struct Simulation {
     /// Layer (index into [`Tape::layers`]) running at the peak, if any.
     pub peak_layer: Option<usize>,
     /// Bytes per category at the peak (indexed like [`Category::ALL`]).
-    pub at_peak: [u64; 8],
+    pub at_peak: [u64; Category::COUNT],
     /// Each category's own maximum over the step.
-    pub category_max: [u64; 8],
+    pub category_max: [u64; Category::COUNT],
     /// Bytes saved for backward, each storage once, parameters and the input batch excluded.
     pub saved_bytes: u64,
     /// Saved bytes attributed to the first layer that saves each storage.
@@ -141,19 +165,22 @@ pub struct Simulation {
     pub gradient_bytes: u64,
     /// Optimizer state bytes (moments and scalar step counters).
     pub optimizer_state_bytes: u64,
-    /// Optimizer-step temporaries.
+    /// Float32 master weights of a `mixed-*` recipe.
+    pub master_weights_bytes: u64,
+    /// Optimizer-step temporaries (the `foreach` temporaries, plus the float32 copies of
+    /// 16-bit gradients a `mixed-*` recipe hands the optimizer).
     pub optimizer_temp_bytes: u64,
 }
 
 struct State<'a> {
     tape: &'a Tape,
     live: Vec<bool>,
-    cur: [u64; 8],
+    cur: [u64; Category::COUNT],
     peak: u64,
     peak_phase: Phase,
     peak_layer: Option<usize>,
-    at_peak: [u64; 8],
-    max: [u64; 8],
+    at_peak: [u64; Category::COUNT],
+    max: [u64; Category::COUNT],
     live_act_max: u64,
     /// Category an Activation storage counts in while live.
     act_cat: Vec<Category>,
@@ -283,30 +310,23 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         }
     }
 
-    let trainable_bytes: u64 = tape
-        .params
-        .iter()
-        .filter(|p| p.trainable)
-        .map(|p| p.bytes)
-        .sum();
-    let trainable_tensors = tape.params.iter().filter(|p| p.trainable).count() as u64;
-    let (optimizer_state_bytes, optimizer_temp_bytes) = match settings.optimizer {
-        Some(o) if training => (
-            o.states_per_param() * trainable_bytes + o.scalar_state_bytes() * trainable_tensors,
-            o.step_temporaries_per_param() * trainable_bytes,
-        ),
-        _ => (0, 0),
+    let plan = if training {
+        OptimizerPlan::new(tape, settings)
+    } else {
+        OptimizerPlan::default()
     };
+    let optimizer_state_bytes = plan.state_bytes;
+    let master_weights_bytes = plan.master_bytes;
 
     let mut st = State {
         tape,
         live: vec![false; n_storages],
-        cur: [0; 8],
+        cur: [0; Category::COUNT],
         peak: 0,
         peak_phase: Phase::Forward,
         peak_layer: None,
-        at_peak: [0; 8],
-        max: [0; 8],
+        at_peak: [0; Category::COUNT],
+        max: [0; Category::COUNT],
         live_act_max: 0,
         act_cat,
     };
@@ -324,6 +344,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         }
     }
     st.cur[Category::OptimizerState.index()] = optimizer_state_bytes;
+    st.cur[Category::MasterWeights.index()] = master_weights_bytes;
     st.check(Phase::Forward, None);
 
     // Forward.
@@ -350,6 +371,8 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
     }
 
     let mut gradient_bytes = 0u64;
+    let mut optimizer_temp_bytes = 0u64;
+    let grad_override = settings.grad_dtype_override();
     if training {
         // Backward.
         let mut grads: HashMap<usize, u64> = HashMap::new();
@@ -409,7 +432,13 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
             for &v in &step.grads {
                 let val = &tape.values[v];
                 let numel = val.shape.numel().unwrap_or(0);
-                let bytes = val.dtype.bytes_for(numel).unwrap_or(0);
+                // Parameter gradients take the recipe's gradient dtype (a float32 accumulation
+                // buffer under `mixed-bf16-fp32-grads`); activation gradients their value's.
+                let grad_dtype = match grad_override {
+                    Some(g) if val.param && val.dtype == settings.recipe.weights => g,
+                    _ => val.dtype,
+                };
+                let bytes = grad_dtype.bytes_for(numel).unwrap_or(0);
                 if val.param {
                     if param_done[v] {
                         transient += bytes;
@@ -461,14 +490,19 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         }
         let leftover: u64 = grads.values().sum();
         st.cur[Category::Temporaries.index()] -= leftover;
-        // Optimizer step.
-        if optimizer_temp_bytes > 0 {
-            st.cur[Category::Temporaries.index()] += optimizer_temp_bytes;
-            st.check(Phase::OptimizerStep, None);
-            st.cur[Category::Temporaries.index()] -= optimizer_temp_bytes;
-        } else {
-            st.check(Phase::OptimizerStep, None);
-        }
+        // Optimizer step. Under a `mixed-*` recipe with 16-bit gradients the optimizer first
+        // gets float32 copies of them and the 16-bit ones are freed (Megatron's
+        // `_copy_model_grads_to_main_grads`: `main_param.grad = model_param.grad.float()`,
+        // `model_param.grad = None`); then the `foreach` temporaries.
+        let (copies, freed) = plan.master_grad_copies(&param_done);
+        optimizer_temp_bytes = copies + plan.temp_bytes;
+        let (g, t) = (Category::Gradients.index(), Category::Temporaries.index());
+        let freed = freed.min(st.cur[g]);
+        st.cur[g] -= freed;
+        st.cur[t] += optimizer_temp_bytes;
+        st.check(Phase::OptimizerStep, None);
+        st.cur[t] -= optimizer_temp_bytes;
+        st.cur[g] += freed;
     }
 
     Simulation {
@@ -486,6 +520,68 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         peak_live_activations: st.live_act_max,
         gradient_bytes,
         optimizer_state_bytes,
+        master_weights_bytes,
         optimizer_temp_bytes,
+    }
+}
+
+/// What the optimizer keeps and allocates, per the recipe: state, master weights, temporaries.
+#[derive(Default)]
+struct OptimizerPlan {
+    /// Optimizer state, shared state included.
+    state_bytes: u64,
+    /// Float32 master copies.
+    master_bytes: u64,
+    /// `foreach` temporaries of the step.
+    temp_bytes: u64,
+    /// Per parameter with a master copy and 16-bit gradients: its value, the 16-bit gradient's
+    /// bytes and the float32 copy's bytes.
+    grad_copies: Vec<(usize, u64, u64)>,
+}
+
+impl OptimizerPlan {
+    fn new(tape: &Tape, settings: &Settings) -> OptimizerPlan {
+        let Some(opt) = settings.optimizer else {
+            return OptimizerPlan::default();
+        };
+        let recipe = &settings.recipe;
+        let mut plan = OptimizerPlan::default();
+        // The tensors the optimizer updates: a float32 master copy of each 16-bit parameter
+        // under a `mixed-*` recipe, else the parameters themselves.
+        let mut views: Vec<Param> = Vec::new();
+        for p in tape.params.iter().filter(|p| p.trainable) {
+            let dtype = tape.values[p.value].dtype;
+            let mut view = p.clone();
+            if let Some(master) = recipe
+                .master_weights
+                .filter(|&m| m != dtype && dtype == recipe.weights)
+            {
+                view.bytes = master.bytes_for(p.numel).unwrap_or(u64::MAX);
+                plan.master_bytes = plan.master_bytes.saturating_add(view.bytes);
+                // Gradients already in the master dtype (a float32 `main_grad`) are handed over
+                // as they are; others are copied.
+                let grad_dtype = settings.grad_dtype_override().unwrap_or(dtype);
+                if grad_dtype != master {
+                    let grad = grad_dtype.bytes_for(p.numel).unwrap_or(0);
+                    plan.grad_copies.push((p.value, grad, view.bytes));
+                }
+            }
+            plan.state_bytes = plan.state_bytes.saturating_add(opt.state_bytes(&view));
+            plan.temp_bytes = plan.temp_bytes.saturating_add(opt.temporaries_bytes(&view));
+            views.push(view);
+        }
+        plan.state_bytes = plan
+            .state_bytes
+            .saturating_add(opt.shared_state_bytes(&views));
+        plan
+    }
+
+    /// Bytes of the float32 gradient copies, and of the 16-bit gradients they replace, for
+    /// the parameters that received a gradient.
+    fn master_grad_copies(&self, has_grad: &[bool]) -> (u64, u64) {
+        self.grad_copies
+            .iter()
+            .filter(|(v, _, _)| has_grad.get(*v).copied().unwrap_or(false))
+            .fold((0, 0), |(c, f), (_, grad, copy)| (c + copy, f + grad))
     }
 }

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::dtype::DType;
 use crate::error::{Error, LayerError};
 use crate::graph::{Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op};
-use crate::settings::{AttentionImpl, Device, Settings};
+use crate::settings::{AttentionImpl, Device, Quant, Settings};
 use crate::shape::Shape;
 use crate::spec::{DimSpec, Pair};
 
@@ -157,6 +157,8 @@ pub struct Param {
     pub trainable: bool,
     /// Its value.
     pub value: ValueId,
+    /// Storage dtype name: a dtype, or a quantization format (`nf4`, `int8`, `int4`, `fp8`).
+    pub dtype_name: &'static str,
 }
 
 /// A checkpointed range of steps (one copy of a repeated block under `--checkpoint`).
@@ -210,6 +212,8 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         cur_layer: 0,
         segment: None,
         label: String::new(),
+        quantized: std::collections::HashSet::new(),
+        position_bias: None,
     };
     let mut dims = vec![settings.batch];
     for d in &model.input_dims {
@@ -273,6 +277,10 @@ struct Tracer<'a> {
     cur_layer: usize,
     segment: Option<usize>,
     label: String,
+    /// Quantized weight values (their matmuls dequantize a transient copy).
+    quantized: std::collections::HashSet<ValueId>,
+    /// The relative position bias of the current stack (T5).
+    position_bias: Option<ValueId>,
 }
 
 fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {
@@ -431,11 +439,52 @@ impl Tracer<'_> {
     }
 
     /// A new parameter tensor of this layer.
+    /// A new parameter tensor of this layer. With LoRA the base model is frozen.
     fn param(&mut self, shape: Shape, trainable: bool) -> Result<ValueId, Error> {
+        let trainable = trainable && self.s.lora.is_none();
+        self.param_as(shape, trainable, None)
+    }
+
+    /// A LoRA adapter matrix: trains even though the base is frozen.
+    fn adapter_param(&mut self, shape: Shape) -> Result<ValueId, Error> {
+        self.param_as(shape, true, None)
+    }
+
+    /// A linear projection's weight `[out, in]`: quantized under `--dtype nf4|int8|int4|fp8`
+    /// when `quantizable` (quantized weights are frozen, as bitsandbytes' `Params4bit` are).
+    fn weight(
+        &mut self,
+        shape: Shape,
+        trainable: bool,
+        quantizable: bool,
+    ) -> Result<ValueId, Error> {
+        match self.s.quant.filter(|_| quantizable) {
+            Some(q) => {
+                let v = self.param_as(shape, false, Some(q))?;
+                self.quantized.insert(v);
+                Ok(v)
+            }
+            None => self.param(shape, trainable),
+        }
+    }
+
+    fn param_as(
+        &mut self,
+        shape: Shape,
+        trainable: bool,
+        quant: Option<Quant>,
+    ) -> Result<ValueId, Error> {
         let dtype = self.param_dtype();
         let numel = checked(shape.numel(), "a parameter's element count")?;
         let s = self.storage(&shape, dtype, StorageKind::Parameter, "parameter")?;
-        let bytes = self.tape.storages[s].bytes;
+        let (bytes, dtype_name) = match quant {
+            None => (self.tape.storages[s].bytes, dtype.as_str()),
+            Some(q) => (
+                checked(quantized_bytes(q, &shape), "quantized weight bytes")?,
+                q.name(),
+            ),
+        };
+        self.tape.storages[s].bytes = bytes;
         let v = self.value(s, shape.clone(), dtype, Layout::Contiguous, trainable, true);
         self.tape.params.push(Param {
             shape,
@@ -443,8 +492,51 @@ impl Tracer<'_> {
             bytes,
             trainable,
             value: v,
+            dtype_name,
         });
         Ok(v)
+    }
+
+    /// Whether LoRA targets a projection (`q`, `k`, `v`, `o`, `qkv` for fused ones) or a linear
+    /// layer by name: a target matches the name's last segment, or that segment minus `_proj`.
+    fn lora_targeted(&self, target: &str) -> bool {
+        let Some(lora) = &self.s.lora else {
+            return false;
+        };
+        let last = target.rsplit('.').next().unwrap_or(target);
+        lora.targets.iter().any(|t| {
+            t == target
+                || t == last
+                || last.strip_suffix("_proj") == Some(t.as_str())
+                || (target == "qkv"
+                    && matches!(
+                        t.as_str(),
+                        "q" | "k" | "v" | "c_attn" | "in_proj" | "qkv_proj"
+                    ))
+        })
+    }
+
+    /// PEFT's LoRA on a targeted projection: `y + B(A(x)) · scaling` with trainable
+    /// `A: [rank, in]`, `B: [out, rank]` (lora_dropout 0). `A` keeps `x`; `B` keeps `A`'s
+    /// `[.., rank]` output.
+    fn lora(
+        &mut self,
+        x: ValueId,
+        y: ValueId,
+        in_f: u64,
+        out_f: u64,
+        target: &str,
+    ) -> Result<ValueId, Error> {
+        if !self.lora_targeted(target) {
+            return Ok(y);
+        }
+        let rank = self.s.lora.as_ref().map_or(0, |l| l.rank);
+        let a = self.adapter_param(Shape::from([rank, in_f]))?;
+        let b = self.adapter_param(Shape::from([out_f, rank]))?;
+        let xa = self.linear(x, a, None, rank)?;
+        let xb = self.linear(xa, b, None, out_f)?;
+        let scaled = self.unary(xb, "mul", Keep::Nothing, false)?;
+        self.add(&[y, scaled], false)
     }
 
     fn buffer(
@@ -604,6 +696,14 @@ impl Tracer<'_> {
                         let y = self.layers(body, x, scopes, &path, copies);
                         scopes.pop();
                         let y = y?;
+                        // The block's Python frame holds its input (`identity = x`) until it
+                        // returns: keep it alive to the end of the block.
+                        let keep = Step {
+                            op: "return",
+                            inputs: vec![x],
+                            ..self.blank()
+                        };
+                        self.tape.steps.push(keep);
                         if checkpoint {
                             let seg = self.segment.take().expect("set above");
                             self.tape.segments[seg].end = self.tape.steps.len();
@@ -712,14 +812,24 @@ impl Tracer<'_> {
                         }
                         w
                     }
-                    None => self.param(Shape::from([*out_features, in_f]), train)?,
+                    None => {
+                        let head = ["lm_head", "head", "classifier", "score", "pooler"]
+                            .iter()
+                            .any(|n| layer.name.rsplit('.').next().unwrap_or("").contains(n));
+                        self.weight(Shape::from([*out_features, in_f]), train, !head)?
+                    }
                 };
                 let b = if *bias {
                     Some(self.param(Shape::from([*out_features]), train)?)
                 } else {
                     None
                 };
-                self.linear(x, weight, b, *out_features)
+                let y = self.linear(x, weight, b, *out_features)?;
+                if tie.is_some() {
+                    Ok(y)
+                } else {
+                    self.lora(x, y, in_f, *out_features, &layer.name)
+                }
             }
             Op::Conv {
                 spatial,
@@ -791,7 +901,20 @@ impl Tracer<'_> {
                 let saves = vec![self.sid(xc), self.sid(wc)];
                 let mut ins = vec![xc, wc];
                 ins.extend(bc);
+                // The CPU kernels (oneDNN) reorder the input into a blocked layout: a transient
+                // copy of it (measured: about one input's size for 1×1, 3×3, 7×7 and depthwise).
+                let mut allocs = Vec::new();
+                if self.s.device == Device::Cpu {
+                    let xs = self.val(xc).shape.clone();
+                    allocs.push(self.storage(
+                        &xs,
+                        dtype,
+                        StorageKind::Activation,
+                        "reordered input",
+                    )?);
+                }
                 self.push(Step {
+                    allocs,
                     op: "convolution",
                     inputs: ins,
                     outputs: vec![y],
@@ -1431,15 +1554,141 @@ impl Tracer<'_> {
                     rotary: *rotary,
                     dropout: *dropout,
                 };
-                self.attention(x, &cfg, train)
+                self.attention(x, x, &cfg, train)
             }
             Op::CrossEntropy { shift, upcast } => self.cross_entropy(x, *shift, *upcast),
-            Op::CrossAttention { .. }
-            | Op::RelativePositionBias { .. }
-            | Op::Moe { .. }
-            | Op::StochasticDepth { .. }
-            | Op::ShiftRight
-            | Op::Scale { .. } => Err(self.err("this layer kind is not traced yet".into())),
+            Op::CrossAttention {
+                heads,
+                head_dim,
+                bias,
+                out_bias,
+                dropout,
+            } => {
+                let cfg = AttnCfg {
+                    qk_norm: false,
+                    position_bias: false,
+                    sliding_window: None,
+                    style: AttnStyle::Transformers,
+                    kv_cache: true,
+                    heads: *heads,
+                    kv_heads: *heads,
+                    head_dim: *head_dim,
+                    causal: false,
+                    bias: *bias,
+                    out_bias: *out_bias,
+                    fused_qkv: false,
+                    rotary: false,
+                    dropout: *dropout,
+                };
+                self.attention(inputs[0], inputs[1], &cfg, train)
+            }
+            Op::RelativePositionBias { num_buckets, heads } => {
+                let &[_, s, _] = xv.shape.dims() else {
+                    return Err(self.err(format!(
+                        "input {} has rank {}, expected [batch, seq, hidden]",
+                        xv.shape,
+                        xv.shape.rank()
+                    )));
+                };
+                // T5Attention.compute_bias: int64 bucket ids [S, S] (kept by the embedding
+                // lookup), values [S, S, heads] permuted to a [1, heads, S, S] bias.
+                let w = self.param(Shape::from([*num_buckets, *heads]), train)?;
+                let buckets = self.storage(
+                    &Shape::from([s, s]),
+                    DType::Int64,
+                    StorageKind::Activation,
+                    "relative position buckets",
+                )?;
+                let ids = self.value(
+                    buckets,
+                    Shape::from([s, s]),
+                    DType::Int64,
+                    Layout::Contiguous,
+                    false,
+                    false,
+                );
+                self.push(Step {
+                    op: "_relative_position_bucket",
+                    outputs: vec![ids],
+                    ..self.blank()
+                });
+                let rg = self.rg(w);
+                let bias = self.fresh(
+                    Shape::from([1, *heads, s, s]),
+                    self.act_dtype(),
+                    "position bias",
+                    rg,
+                )?;
+                self.push(Step {
+                    op: "embedding",
+                    inputs: vec![w, ids],
+                    outputs: vec![bias],
+                    saves: vec![buckets],
+                    ..self.blank()
+                });
+                self.position_bias = Some(bias);
+                Ok(x)
+            }
+            Op::Moe {
+                experts,
+                top_k,
+                intermediate_size,
+                shared_intermediate_size,
+                shared_gate,
+                normalize_topk,
+            } => {
+                let cfg = MoeCfg {
+                    experts: *experts,
+                    top_k: *top_k,
+                    inter: *intermediate_size,
+                    shared: *shared_intermediate_size,
+                    shared_gate: *shared_gate,
+                    normalize: *normalize_topk,
+                };
+                self.moe(x, &cfg, train)
+            }
+            Op::StochasticDepth { p } => {
+                if !self.training() || *p == 0.0 {
+                    return Ok(x);
+                }
+                // torchvision.ops.stochastic_depth, mode "row": `input * noise` with noise
+                // [B, 1, ..] (bernoulli, divided by the survival rate); mul keeps the noise.
+                let mut dims = vec![1; xv.shape.rank()];
+                dims[0] = xv.shape.dims()[0];
+                let noise = self.storage(
+                    &Shape::new(dims),
+                    xv.dtype,
+                    StorageKind::Activation,
+                    "stochastic depth noise",
+                )?;
+                let y = self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?;
+                self.push(Step {
+                    op: "mul",
+                    inputs: vec![x],
+                    outputs: vec![y],
+                    allocs: vec![noise],
+                    saves: vec![noise],
+                    ..self.blank()
+                });
+                Ok(y)
+            }
+            Op::ShiftRight => {
+                if xv.dtype.is_float() {
+                    return Err(self.err(format!(
+                        "input is {} {}, expected integer token ids",
+                        xv.dtype, xv.shape
+                    )));
+                }
+                let y = self.fresh(xv.shape.clone(), xv.dtype, "shifted ids", false)?;
+                self.push(Step {
+                    op: "_shift_right",
+                    inputs: vec![x],
+                    outputs: vec![y],
+                    ..self.blank()
+                });
+                Ok(y)
+            }
+            Op::Scale { .. } => self.unary(x, "mul", Keep::Nothing, false),
         }
     }
 
@@ -1543,6 +1792,17 @@ impl Tracer<'_> {
         let xv = self.val(xc).clone();
         let rg = xv.requires_grad || self.rg(wc) || bc.is_some_and(|b| self.rg(b));
         let y = self.fresh(xv.shape.with_last(out_features), xv.dtype, "output", rg)?;
+        let mut allocs = Vec::new();
+        if self.quantized.contains(&w) {
+            // bitsandbytes/GPTQ kernels dequantize the weight to the compute dtype for the matmul.
+            let ws = self.val(w).shape.clone();
+            allocs.push(self.storage(
+                &ws,
+                xv.dtype,
+                StorageKind::Activation,
+                "dequantized weight",
+            )?);
+        }
         let mut saves = Vec::new();
         if self.rg(wc) {
             saves.push(xv.storage);
@@ -1556,6 +1816,7 @@ impl Tracer<'_> {
             op: if b.is_some() { "addmm" } else { "mm" },
             inputs: ins,
             outputs: vec![y],
+            allocs,
             saves,
             ..self.blank()
         });
@@ -1823,7 +2084,36 @@ impl Tracer<'_> {
         self.mul(w, back)
     }
 
-    fn attention(&mut self, x: ValueId, c: &AttnCfg, train: bool) -> Result<ValueId, Error> {
+    /// A projection inside an attention or MoE layer: `linear` with LoRA adapters when the
+    /// projection is targeted.
+    fn projection(
+        &mut self,
+        x: ValueId,
+        in_f: u64,
+        out_f: u64,
+        bias: bool,
+        train: bool,
+        target: &str,
+    ) -> Result<ValueId, Error> {
+        let w = self.weight(Shape::from([out_f, in_f]), train, true)?;
+        let b = if bias {
+            Some(self.param(Shape::from([out_f]), train)?)
+        } else {
+            None
+        };
+        let y = self.linear(x, w, b, out_f)?;
+        self.lora(x, y, in_f, out_f, target)
+    }
+
+    /// Self-attention (`kv_src == x`) or cross-attention (`kv_src` = the encoder output).
+    #[allow(clippy::too_many_lines)] // the projections, cache and kernels read best in order
+    fn attention(
+        &mut self,
+        x: ValueId,
+        kv_src: ValueId,
+        c: &AttnCfg,
+        train: bool,
+    ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let &[b, s, h] = xv.shape.dims() else {
             return Err(self.err(format!(
@@ -1838,10 +2128,24 @@ impl Tracer<'_> {
                 xv.dtype, xv.shape
             )));
         }
+        let mv = self.val(kv_src).clone();
+        let &[mb, s_kv, h_kv] = mv.shape.dims() else {
+            return Err(self.err(format!(
+                "key/value source {} has rank {}, expected [batch, seq, hidden]",
+                mv.shape,
+                mv.shape.rank()
+            )));
+        };
+        if mb != b || !mv.dtype.is_float() {
+            return Err(self.err(format!(
+                "key/value source {} {} does not match the queries' batch {b}",
+                mv.dtype, mv.shape
+            )));
+        }
         let hd = match c.head_dim {
             Some(d) => d,
             None => {
-                if h % c.heads != 0 {
+                if !h.is_multiple_of(c.heads) {
                     return Err(self.err(format!(
                         "hidden size {h} is not divisible by {} heads; set head_dim",
                         c.heads
@@ -1853,22 +2157,15 @@ impl Tracer<'_> {
         let qd = checked(c.heads.checked_mul(hd), "the query width")?;
         let kvd = checked(c.kv_heads.checked_mul(hd), "the key/value width")?;
         let torch_mha = c.style == AttnStyle::TorchMha;
-        if torch_mha && (c.kv_heads != c.heads || c.rotary) {
-            return Err(self.err(
-                "style = \"torch\" (nn.MultiheadAttention) has neither kv_heads nor rotary".into(),
-            ));
+        let cross = kv_src != x;
+        if torch_mha && (c.kv_heads != c.heads || c.rotary || cross) {
+            return Err(self.err("style = \"torch\" (nn.MultiheadAttention) supports neither kv_heads, rotary nor cross-attention".into()));
         }
         // Projections.
         let (q, k, v) = if torch_mha {
             // nn.MultiheadAttention(batch_first=True): the input is transposed to [S, B, E]
             // (so the packed in-projection copies it), and the projection is repacked into a
             // contiguous [3, S, B, E] tensor whose slices are Q, K and V.
-            let w = self.param(Shape::from([3 * h, h]), train)?;
-            let bias = if c.bias {
-                Some(self.param(Shape::from([3 * h]), train)?)
-            } else {
-                None
-            };
             let xt = self.view_of(x, xv.shape.clone(), Layout::Strided);
             self.push(Step {
                 op: "transpose",
@@ -1877,7 +2174,7 @@ impl Tracer<'_> {
                 view_grad: true,
                 ..self.blank()
             });
-            let proj = self.linear(xt, w, bias, 3 * h)?;
+            let proj = self.projection(xt, h, 3 * h, c.bias, train, "qkv")?;
             let pv = self.val(proj).clone();
             let packed = self.fresh(pv.shape.clone(), pv.dtype, "packed qkv", pv.requires_grad)?;
             self.push(Step {
@@ -1896,18 +2193,12 @@ impl Tracer<'_> {
                 ..self.blank()
             });
             (q, k, v)
-        } else if c.fused_qkv {
+        } else if c.fused_qkv && !cross {
             let width = checked(
                 kvd.checked_mul(2).and_then(|v| v.checked_add(qd)),
                 "the fused QKV width",
             )?;
-            let w = self.param(Shape::from([width, h]), train)?;
-            let bias = if c.bias {
-                Some(self.param(Shape::from([width]), train)?)
-            } else {
-                None
-            };
-            let qkv = self.linear(x, w, bias, width)?;
+            let qkv = self.projection(x, h, width, c.bias, train, "qkv")?;
             let q = self.view_of(qkv, Shape::from([b, c.heads, s, hd]), Layout::HeadsStrided);
             let k = self.view_of(
                 qkv,
@@ -1929,22 +2220,51 @@ impl Tracer<'_> {
             (q, k, v)
         } else {
             let mut heads = Vec::new();
-            for (width, n) in [(qd, c.heads), (kvd, c.kv_heads), (kvd, c.kv_heads)] {
-                let w = self.param(Shape::from([width, h]), train)?;
-                let bias = if c.bias {
-                    Some(self.param(Shape::from([width]), train)?)
+            for (src, in_f, width, n, len, target) in [
+                (x, h, qd, c.heads, s, "q"),
+                (kv_src, h_kv, kvd, c.kv_heads, s_kv, "k"),
+                (kv_src, h_kv, kvd, c.kv_heads, s_kv, "v"),
+            ] {
+                let p = self.projection(src, in_f, width, c.bias, train, target)?;
+                let hv = if c.qk_norm && target != "v" {
+                    // Qwen3: RMSNorm over head_dim on the [B, S, heads, head_dim] view, then the
+                    // head transpose of its (new, contiguous) output.
+                    let pv = self.val(p).clone();
+                    let split = self.view_of(p, Shape::from([b, len, n, hd]), Layout::Contiguous);
+                    self.push(Step {
+                        op: "view",
+                        inputs: vec![p],
+                        outputs: vec![split],
+                        view_grad: true,
+                        ..self.blank()
+                    });
+                    let w = self.param(Shape::from([hd]), train)?;
+                    let normed = self.rms_norm(split, w)?;
+                    let _ = pv;
+                    let t = self.view_of(
+                        normed,
+                        Shape::from([b, n, len, hd]),
+                        Layout::HeadsTransposed,
+                    );
+                    self.push(Step {
+                        op: "transpose",
+                        inputs: vec![normed],
+                        outputs: vec![t],
+                        view_grad: true,
+                        ..self.blank()
+                    });
+                    t
                 } else {
-                    None
+                    let t = self.view_of(p, Shape::from([b, n, len, hd]), Layout::HeadsTransposed);
+                    self.push(Step {
+                        op: "view",
+                        inputs: vec![p],
+                        outputs: vec![t],
+                        view_grad: true,
+                        ..self.blank()
+                    });
+                    t
                 };
-                let p = self.linear(x, w, bias, width)?;
-                let hv = self.view_of(p, Shape::from([b, n, s, hd]), Layout::HeadsTransposed);
-                self.push(Step {
-                    op: "view",
-                    inputs: vec![p],
-                    outputs: vec![hv],
-                    view_grad: true,
-                    ..self.blank()
-                });
                 heads.push(hv);
             }
             (heads[0], heads[1], heads[2])
@@ -1960,18 +2280,18 @@ impl Tracer<'_> {
         // transformers' decoders run with `use_cache=True` (the config default), training
         // included unless gradient checkpointing turns it off: `DynamicCache.update` stores
         // `torch.cat`-ed copies of K and V, and attention reads those copies. In inference the
-        // cache lives for the whole forward pass.
-        let (k, v) =
-            if c.causal && c.kv_cache && !torch_mha && !(self.training() && self.s.checkpoint) {
-                let mut copies = Vec::new();
-                for (t, what) in [(k, "key cache"), (v, "value cache")] {
-                    let tv = self.val(t).clone();
-                    let kind = if self.training() {
-                        StorageKind::Activation
-                    } else {
-                        StorageKind::KvCache
-                    };
-                    let cache = self.storage(&tv.shape, tv.dtype, kind, what)?;
+        // cache lives for the whole forward pass, in `--kv-dtype` if given, and a sliding window
+        // keeps only the last `sliding_window` tokens.
+        let (k, v) = if (c.causal || cross)
+            && c.kv_cache
+            && !torch_mha
+            && !(self.training() && self.s.checkpoint)
+        {
+            let mut copies = Vec::new();
+            for (t, what) in [(k, "key cache"), (v, "value cache")] {
+                let tv = self.val(t).clone();
+                let cv = if self.training() {
+                    let cache = self.storage(&tv.shape, tv.dtype, StorageKind::Activation, what)?;
                     let cv = self.value(
                         cache,
                         tv.shape.clone(),
@@ -1986,19 +2306,63 @@ impl Tracer<'_> {
                         outputs: vec![cv],
                         ..self.blank()
                     });
-                    if !self.training() {
-                        self.tape.held.push(cache);
+                    cv
+                } else {
+                    let mut dims = tv.shape.dims().to_vec();
+                    if let Some(w) = c.sliding_window {
+                        dims[2] = dims[2].min(w);
                     }
-                    copies.push(cv);
-                }
-                (copies[0], copies[1])
-            } else {
-                (k, v)
-            };
-        let ctx = if torch_mha || self.s.attention == AttentionImpl::Flash {
-            self.sdpa_flash(q, k, v)?
+                    let dt = self.s.kv_dtype.unwrap_or(tv.dtype);
+                    let cache_shape = Shape::new(dims);
+                    let cache = self.storage(&cache_shape, dt, StorageKind::KvCache, what)?;
+                    self.tape.held.push(cache);
+                    if cache_shape == tv.shape && dt == tv.dtype {
+                        // Attention reads the cache itself.
+                        let cv = self.value(
+                            cache,
+                            tv.shape.clone(),
+                            tv.dtype,
+                            Layout::Contiguous,
+                            false,
+                            false,
+                        );
+                        self.push(Step {
+                            op: "cat",
+                            inputs: vec![t],
+                            outputs: vec![cv],
+                            ..self.blank()
+                        });
+                        cv
+                    } else {
+                        // A windowed or re-typed cache is written; attention reads this pass's K/V.
+                        self.push(Step {
+                            op: "cache_update",
+                            inputs: vec![t],
+                            allocs: vec![cache],
+                            ..self.blank()
+                        });
+                        t
+                    }
+                };
+                copies.push(cv);
+            }
+            (copies[0], copies[1])
         } else {
-            self.sdpa_eager(q, k, v, c)?
+            (k, v)
+        };
+        let bias = if c.position_bias {
+            Some(self.position_bias.ok_or_else(|| self.err("`position_bias = true` needs a `relative_position_bias` layer earlier in the model".into()))?)
+        } else {
+            None
+        };
+        // `flash` models the fused kernel, which regenerates its dropout mask instead of keeping
+        // it. (PyTorch's CPU SDPA falls back to the math path, costing what eager does, when
+        // dropout is on: give such layers `--attention eager`.)
+        let fused = torch_mha || self.s.attention == AttentionImpl::Flash;
+        let ctx = if fused {
+            self.sdpa_flash(q, k, v, bias)?
+        } else {
+            self.sdpa_eager(q, k, v, c, bias)?
         };
         // Merge heads: transformers `transpose(1, 2).contiguous()`, nn.MultiheadAttention
         // `permute(2, 0, 1, 3).contiguous()`; free when the output is already laid out so.
@@ -2029,13 +2393,7 @@ impl Tracer<'_> {
             });
             m
         };
-        let wo = self.param(Shape::from([h, qd]), train)?;
-        let bo = if c.out_bias {
-            Some(self.param(Shape::from([h]), train)?)
-        } else {
-            None
-        };
-        let y = self.linear(merged, wo, bo, h)?;
+        let y = self.projection(merged, qd, h, c.out_bias, train, "o")?;
         if torch_mha {
             // The [S, B, E] result is transposed back to batch-first: a strided view.
             let yt = self.view_of(y, xv.shape.clone(), Layout::Strided);
@@ -2090,7 +2448,13 @@ impl Tracer<'_> {
     /// (`derivatives.yaml` `_scaled_dot_product_flash_attention(_for_cpu)`). On the CPU the
     /// output is allocated with the query's dimension order (`empty_like`); CUDA's kernels lay it
     /// out `[B, S, heads, head_dim]`.
-    fn sdpa_flash(&mut self, q: ValueId, k: ValueId, v: ValueId) -> Result<ValueId, Error> {
+    fn sdpa_flash(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        bias: Option<ValueId>,
+    ) -> Result<ValueId, Error> {
         let q = self.autocast_input(q)?;
         let k = self.autocast_input(k)?;
         let v = self.autocast_input(v)?;
@@ -2121,10 +2485,16 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "logsumexp",
         )?;
-        let saves = vec![qv.storage, self.sid(k), self.sid(v), out_s, lse];
+        let mut saves = vec![qv.storage, self.sid(k), self.sid(v), out_s, lse];
+        let mut inputs = vec![q, k, v];
+        if let Some(bias) = bias {
+            // A float attention mask is kept too.
+            saves.push(self.sid(bias));
+            inputs.push(bias);
+        }
         self.push(Step {
             op: "scaled_dot_product_flash_attention",
-            inputs: vec![q, k, v],
+            inputs,
             outputs: vec![out],
             allocs: vec![lse],
             saves,
@@ -2142,6 +2512,7 @@ impl Tracer<'_> {
         k: ValueId,
         v: ValueId,
         c: &AttnCfg,
+        bias: Option<ValueId>,
     ) -> Result<ValueId, Error> {
         let q = self.autocast_input(q)?;
         let k = self.autocast_input(k)?;
@@ -2155,10 +2526,11 @@ impl Tracer<'_> {
         let &[b, heads, s, hd] = qv.shape.dims() else {
             unreachable!("heads view is rank 4")
         };
+        let s_kv = self.val(k).shape.dims()[2];
         let qm = self.contiguous(q)?;
         let km = self.contiguous(k)?;
         let rg = self.rg(qm) || self.rg(km);
-        let scores = self.fresh(Shape::from([b, heads, s, s]), qv.dtype, "scores", rg)?;
+        let scores = self.fresh(Shape::from([b, heads, s, s_kv]), qv.dtype, "scores", rg)?;
         let saves = vec![self.sid(qm), self.sid(km)];
         self.push(Step {
             op: "bmm",
@@ -2168,10 +2540,10 @@ impl Tracer<'_> {
             ..self.blank()
         });
         let scaled = self.unary(scores, "mul", Keep::Nothing, false)?;
-        let masked = if c.causal {
-            self.unary(scaled, "add", Keep::Nothing, false)?
-        } else {
-            scaled
+        let masked = match bias {
+            Some(bias) => self.add(&[scaled, bias], false)?,
+            None if c.causal => self.unary(scaled, "add", Keep::Nothing, false)?,
+            None => scaled,
         };
         let probs = self.unary(masked, "_softmax", Keep::Output, false)?;
         let probs = self.dropout(probs, c.dropout, false)?;
@@ -2187,6 +2559,224 @@ impl Tracer<'_> {
             ..self.blank()
         });
         Ok(ctx)
+    }
+
+    /// A sparse MoE block as transformers 5 runs it with `grouped_mm` experts
+    /// (`MixtralSparseMoeBlock`, `integrations/moe.py`). With `T = B·S` tokens and `T·k` routed
+    /// rows (routing assumed balanced), it keeps: the router input; the float32 softmax `[T, E]`;
+    /// the top-k indices (int64 `[T, k]`); with renormalization the float32 sum `[T, 1]` and a
+    /// clone of the top-k weights; the sort permutation, its `// k` and its inverse (int64
+    /// `[T·k]` each); the gathered rows `[T·k, H]` and the int32 expert offsets `[E]`; the fused
+    /// gate/up output `[T·k, 2I]`, the SiLU output and the gated product `[T·k, I]`; the down
+    /// output `[T·k, H]` and the routing weights `[T·k, 1]`. A shared expert is a dense SiLU-gated
+    /// MLP on every token, optionally scaled by `sigmoid(x·w_gate)`.
+    fn moe(&mut self, x: ValueId, c: &MoeCfg, train: bool) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let &[b, s, h] = xv.shape.dims() else {
+            return Err(self.err(format!(
+                "input {} has rank {}, expected [batch, seq, hidden]",
+                xv.shape,
+                xv.shape.rank()
+            )));
+        };
+        let a = xv.dtype;
+        let t = checked(b.checked_mul(s), "the token count")?;
+        let tk = checked(t.checked_mul(c.top_k), "the routed row count")?;
+        // Router.
+        let logits = self.projection(x, h, c.experts, false, train, "gate")?;
+        let lf = self.upcast_f32(logits)?;
+        let probs = self.unary(lf, "_softmax", Keep::Output, false)?;
+        let rg = self.rg(probs);
+        let topv = self.fresh(
+            Shape::from([t, c.top_k]),
+            DType::Float32,
+            "top-k weights",
+            rg,
+        )?;
+        let idx = self.storage(
+            &Shape::from([t, c.top_k]),
+            DType::Int64,
+            StorageKind::Activation,
+            "top-k indices",
+        )?;
+        self.push(Step {
+            op: "topk",
+            inputs: vec![probs],
+            outputs: vec![topv],
+            allocs: vec![idx],
+            saves: vec![idx],
+            ..self.blank()
+        });
+        let weights = if c.normalize {
+            let sum = self.storage(
+                &Shape::from([t, 1]),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k sum",
+            )?;
+            let clone = self.storage(
+                &Shape::from([t, c.top_k]),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k weights clone",
+            )?;
+            let y = self.view_of(topv, Shape::from([t, c.top_k]), Layout::Contiguous);
+            self.push(Step {
+                op: "div_",
+                inputs: vec![topv],
+                outputs: vec![y],
+                allocs: vec![sum, clone],
+                saves: vec![sum, clone],
+                ..self.blank()
+            });
+            y
+        } else {
+            topv
+        };
+        let w_act = if a == DType::Float32 {
+            weights
+        } else {
+            let y = self.fresh(
+                Shape::from([t, c.top_k]),
+                a,
+                "routing weights",
+                self.rg(weights),
+            )?;
+            self.push(Step {
+                op: "_to_copy",
+                inputs: vec![weights],
+                outputs: vec![y],
+                ..self.blank()
+            });
+            y
+        };
+        // Dispatch: sort rows by expert, gather them.
+        let mut index = Vec::new();
+        for what in ["perm // k", "perm", "inverse perm"] {
+            index.push(self.storage(
+                &Shape::from([tk]),
+                DType::Int64,
+                StorageKind::Activation,
+                what,
+            )?);
+        }
+        let offsets = self.storage(
+            &Shape::from([c.experts]),
+            DType::Int32,
+            StorageKind::Activation,
+            "expert offsets",
+        )?;
+        let gathered = self.fresh(Shape::from([tk, h]), a, "gathered tokens", xv.requires_grad)?;
+        self.push(Step {
+            op: "index",
+            inputs: vec![x],
+            outputs: vec![gathered],
+            allocs: vec![index[0], index[1], index[2], offsets],
+            saves: vec![index[0], index[1], index[2], offsets],
+            ..self.blank()
+        });
+        let ws = self.fresh(
+            Shape::from([tk, 1]),
+            a,
+            "sorted routing weights",
+            self.rg(w_act),
+        )?;
+        self.push(Step {
+            op: "index",
+            inputs: vec![w_act],
+            outputs: vec![ws],
+            ..self.blank()
+        });
+        // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
+        let w_gu = self.weight(Shape::from([c.experts, 2 * c.inter, h]), train, true)?;
+        let w_down = self.weight(Shape::from([c.experts, h, c.inter]), train, true)?;
+        let gu = self.grouped_mm(gathered, w_gu, Shape::from([tk, 2 * c.inter]), offsets)?;
+        let gate = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
+        let up = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
+        self.push(Step {
+            op: "chunk",
+            inputs: vec![gu],
+            outputs: vec![gate, up],
+            ..self.blank()
+        });
+        let act = self.unary(gate, "silu", Keep::Input, false)?;
+        let prod = self.mul(act, up)?;
+        let down = self.grouped_mm(prod, w_down, Shape::from([tk, h]), offsets)?;
+        let weighted = self.mul(down, ws)?;
+        let scattered = self.fresh(Shape::from([tk, h]), a, "unsorted rows", self.rg(weighted))?;
+        self.push(Step {
+            op: "index",
+            inputs: vec![weighted],
+            outputs: vec![scattered],
+            saves: vec![index[2]],
+            ..self.blank()
+        });
+        let rg = self.rg(scattered);
+        let out = self.fresh(xv.shape.clone(), a, "output", rg)?;
+        self.push(Step {
+            op: "sum",
+            inputs: vec![scattered],
+            outputs: vec![out],
+            ..self.blank()
+        });
+        if c.shared == 0 {
+            return Ok(out);
+        }
+        // Shared expert (Qwen-MoE).
+        let g = self.projection(x, h, c.shared, false, train, "shared_expert.gate_proj")?;
+        let g = self.unary(g, "silu", Keep::Input, false)?;
+        let u = self.projection(x, h, c.shared, false, train, "shared_expert.up_proj")?;
+        let p = self.mul(g, u)?;
+        let mut shared =
+            self.projection(p, c.shared, h, false, train, "shared_expert.down_proj")?;
+        if c.shared_gate {
+            let sg = self.projection(x, h, 1, false, train, "shared_expert_gate")?;
+            let sg = self.unary(sg, "sigmoid", Keep::Output, false)?;
+            shared = self.mul(sg, shared)?;
+        }
+        self.add(&[out, shared], false)
+    }
+
+    /// `torch._grouped_mm(rows, weights, offs)`: keeps its input rows and the offsets (and the
+    /// weights, which are parameters).
+    fn grouped_mm(
+        &mut self,
+        rows: ValueId,
+        w: ValueId,
+        out_shape: Shape,
+        offsets: StorageId,
+    ) -> Result<ValueId, Error> {
+        let rows = self.autocast_input(rows)?;
+        let wc = self.autocast_input(w)?;
+        let rv = self.val(rows).clone();
+        let rg = rv.requires_grad || self.rg(wc);
+        let y = self.fresh(out_shape, rv.dtype, "output", rg)?;
+        let mut saves = vec![offsets];
+        if self.rg(wc) {
+            saves.push(rv.storage);
+        }
+        if rv.requires_grad {
+            saves.push(self.sid(wc));
+        }
+        let mut allocs = Vec::new();
+        if self.quantized.contains(&w) {
+            let ws = self.val(w).shape.clone();
+            allocs.push(self.storage(
+                &ws,
+                rv.dtype,
+                StorageKind::Activation,
+                "dequantized weight",
+            )?);
+        }
+        self.push(Step {
+            op: "_grouped_mm",
+            inputs: vec![rows, wc],
+            outputs: vec![y],
+            allocs,
+            saves,
+            ..self.blank()
+        });
+        Ok(y)
     }
 
     /// transformers' `repeat_kv`: `expand` then `reshape`, a copy at full head count.
@@ -2290,6 +2880,15 @@ enum Keep {
     InputClone,
 }
 
+struct MoeCfg {
+    experts: u64,
+    top_k: u64,
+    inter: u64,
+    shared: u64,
+    shared_gate: bool,
+    normalize: bool,
+}
+
 struct AttnCfg {
     qk_norm: bool,
     position_bias: bool,
@@ -2344,6 +2943,39 @@ fn promote(a: DType, b: DType) -> DType {
         a
     } else {
         b
+    }
+}
+
+/// Bytes of a quantized `[out, in]` weight with its metadata:
+/// - NF4 (bitsandbytes `Params4bit`, blocksize 64): `ceil(n/2)` + a float32 absmax per 64
+///   weights, or with double quantization an int8 absmax per 64 plus a float32 scale per 256
+///   blocks;
+/// - int8 (LLM.int8()): `n` + a float32 scale per output row;
+/// - int4 (GPTQ/AWQ): `ceil(n/2)` + per group of `group_size` input weights a float16 scale and a
+///   packed 4-bit zero point;
+/// - fp8: `n` + one float32 scale.
+fn quantized_bytes(q: Quant, shape: &Shape) -> Option<u64> {
+    let n = shape.numel()?;
+    let rows = shape.dims().first().copied().unwrap_or(1);
+    let cols = shape.dims().get(1).copied().unwrap_or(1);
+    match q {
+        Quant::Nf4 { double_quant } => {
+            let blocks = n.div_ceil(64);
+            let meta = if double_quant {
+                blocks.checked_add(blocks.div_ceil(256).checked_mul(4)?)?
+            } else {
+                blocks.checked_mul(4)?
+            };
+            n.div_ceil(2).checked_add(meta)
+        }
+        Quant::Int8 => n.checked_add(rows.checked_mul(4)?),
+        Quant::Int4 { group_size } => {
+            let groups = rows.checked_mul(cols.div_ceil(group_size.max(1)))?;
+            n.div_ceil(2)
+                .checked_add(groups.checked_mul(2)?)?
+                .checked_add(groups.div_ceil(2))
+        }
+        Quant::Fp8 => n.checked_add(4),
     }
 }
 

@@ -5,4 +5,6 @@ mod common;
 mod cli;
 mod errors;
 mod examples;
+mod hf;
+mod optim;
 mod reference;

@@ -4,6 +4,11 @@
 //! compared with its record in `reference.json`: parameter, gradient and optimizer-state bytes
 //! and the parameter count exactly, saved activations within 5 %, the step's peak within 10 %,
 //! and over all cases the median absolute errors of both within 3 %.
+//!
+//! The same checks run on a second set, `extra-cases-cli.json` / `extra-reference.json`: models
+//! outside `../shared/groundtruth` (other torchvision CNNs, T5, Mixtral, autocast and inference
+//! runs), defined in `tools/extra_cases.json` and measured with the same `measure.py`, so that
+//! the per-operator rules are checked on models they were not written against.
 
 use std::fmt::Write as _;
 
@@ -59,10 +64,32 @@ fn get_u64(v: &Value, pointer: &str, case: &str) -> u64 {
         .unwrap_or_else(|| panic!("reference case {case}: `{pointer}` missing"))
 }
 
+/// A set of measured cases: how each is asked of memest, and the measurements.
+struct Set {
+    cli: &'static str,
+    reference: &'static str,
+    min_cases: usize,
+}
+
+const SHARED: Set = Set {
+    cli: "tests/data/cases-cli.json",
+    reference: "tests/data/reference.json",
+    min_cases: 13,
+};
+const EXTRA: Set = Set {
+    cli: "tests/data/extra-cases-cli.json",
+    reference: "tests/data/extra-reference.json",
+    min_cases: 6,
+};
+
 /// Every case: (id, memest arguments, reference record), in the order of `cases-cli.json`.
 fn cases() -> Vec<(String, Vec<String>, Value)> {
-    let cli = load("tests/data/cases-cli.json");
-    let refs = load("tests/data/reference.json");
+    cases_in(&SHARED)
+}
+
+fn cases_in(set: &Set) -> Vec<(String, Vec<String>, Value)> {
+    let cli = load(set.cli);
+    let refs = load(set.reference);
     let refs = refs.as_array().expect("reference.json is an array");
     let cli = cli.as_object().expect("cases-cli.json is an object");
     let mut out = Vec::new();
@@ -85,10 +112,16 @@ fn cases() -> Vec<(String, Vec<String>, Value)> {
 
 /// Runs memest on every case and lists every compared figure.
 fn compare_all() -> Vec<Row> {
-    let cases = cases();
+    compare_set(&SHARED)
+}
+
+fn compare_set(set: &Set) -> Vec<Row> {
+    let cases = cases_in(set);
     assert!(
-        cases.len() >= 13,
-        "expected at least 13 measured cases, found {}",
+        cases.len() >= set.min_cases,
+        "expected at least {} measured cases in {}, found {}",
+        set.min_cases,
+        set.cli,
         cases.len()
     );
     let mut rows = Vec::new();
@@ -175,7 +208,17 @@ fn table(rows: &[Row]) -> String {
 
 #[test]
 fn every_case_matches_the_measurements() {
-    let rows = compare_all();
+    assert_all_ok(&compare_all());
+}
+
+#[test]
+fn models_outside_the_reference_match_our_measurements() {
+    let rows = compare_set(&EXTRA);
+    assert_all_ok(&rows);
+    assert_medians(&rows);
+}
+
+fn assert_all_ok(rows: &[Row]) {
     let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok()).collect();
     let names: Vec<String> = failed
         .iter()
@@ -187,7 +230,7 @@ fn every_case_matches_the_measurements() {
         failed.len(),
         rows.len(),
         names.join(", "),
-        table(&rows)
+        table(rows)
     );
 }
 
@@ -204,7 +247,10 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 #[test]
 fn median_errors_are_small() {
-    let rows = compare_all();
+    assert_medians(&compare_all());
+}
+
+fn assert_medians(rows: &[Row]) {
     let abs_errs = |field: &str| -> Vec<f64> {
         rows.iter()
             .filter(|r| r.field == field)
@@ -217,7 +263,7 @@ fn median_errors_are_small() {
     assert!(
         act <= MEDIAN_TOL_PCT && peak <= MEDIAN_TOL_PCT,
         "median |error|: activations {act:.2}%, peak {peak:.2}% (limit {MEDIAN_TOL_PCT}%)\n{}",
-        table(&rows)
+        table(rows)
     );
 }
 
