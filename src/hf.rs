@@ -134,6 +134,40 @@ pub fn to_spec(config: &Value, head: Head) -> Result<ModelSpec, Error> {
     })
 }
 
+/// A model description as TOML, laid out like the hand-written examples: one `[[layers]]`
+/// table per layer, the bodies of blocks (`[[layers.layers]]`) indented two spaces per level.
+/// Reading the text back gives the same description.
+///
+/// # Errors
+/// [`Error::Setting`] if the description cannot be written as TOML (it always can).
+pub fn to_toml(spec: &ModelSpec) -> Result<String, Error> {
+    let text = toml::to_string(spec)
+        .map_err(|e| Error::Setting(format!("cannot write the model as TOML: {e}")))?;
+    // Multi-line strings would change if indented; leave such text as it is.
+    if text.contains("\"\"\"") || text.contains("'''") {
+        return Ok(text);
+    }
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    let mut indent = String::new();
+    for line in text.lines() {
+        if line.starts_with('[') {
+            let depth = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .split('.')
+                .filter(|s| *s == "layers")
+                .count()
+                .saturating_sub(1);
+            indent = "  ".repeat(depth);
+        }
+        if !line.is_empty() {
+            out.push_str(&indent);
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
 /// The default sequence length: the model's context, capped at this.
 const DEFAULT_MAX_SEQ: u64 = 2048;
 
@@ -863,26 +897,68 @@ fn decoder_layer(
     let residual1 = push(&mut body, add("residual1", "input", &prev));
     let norm2 = push(&mut body, rmsnorm("post_attention_layernorm"));
     let prev = match mlp {
+        Mlp::Dense(intermediate) if family == Family::Phi3 => {
+            // Phi3MLP: one fused gate_up_proj, `chunk(2, dim=-1)` into two views of its output,
+            // `up * act(gate)`.
+            push(
+                &mut body,
+                linear("mlp.gate_up_proj", 2 * intermediate, mlp_bias),
+            );
+            let chunks = push(
+                &mut body,
+                with_note(
+                    LayerSpec {
+                        shape: Some(vec![
+                            -1,
+                            2,
+                            i64::try_from(*intermediate).map_err(|_| {
+                                cfg.err(format!("`intermediate_size` {intermediate} is too large"))
+                            })?,
+                        ]),
+                        ..layer(K::Reshape, "mlp.gate_up_proj.chunk")
+                    },
+                    "chunk(2, dim=-1) as views: [.., 0, :] is the gate, [.., 1, :] the up states",
+                ),
+            );
+            push(
+                &mut body,
+                LayerSpec {
+                    dim: Some(2),
+                    index: Some(0),
+                    ..layer(K::Select, "mlp.gate")
+                },
+            );
+            let act = push(
+                &mut body,
+                activation(cfg, "hidden_act", act_name, "mlp.activation_fn")?,
+            );
+            let up = push(
+                &mut body,
+                with_inputs(
+                    LayerSpec {
+                        dim: Some(2),
+                        index: Some(1),
+                        ..layer(K::Select, "mlp.up")
+                    },
+                    &[&chunks],
+                ),
+            );
+            push(
+                &mut body,
+                with_inputs(layer(K::Mul, "mlp.up_mul_act"), &[&up, &act]),
+            );
+            push(&mut body, linear("mlp.down_proj", a.hidden, mlp_bias))
+        }
         Mlp::Dense(intermediate) => {
-            let (gate, up, note) = if family == Family::Phi3 {
-                (
-                    "mlp.gate_up_proj.gate",
-                    "mlp.gate_up_proj.up",
-                    Some("Phi-3's fused gate_up_proj as two linears (same parameters and bytes)"),
-                )
-            } else {
-                ("mlp.gate_proj", "mlp.up_proj", None)
-            };
-            let mut g = linear(gate, *intermediate, mlp_bias);
-            g.note = note.map(str::to_string);
-            push(&mut body, g);
+            push(&mut body, linear("mlp.gate_proj", *intermediate, mlp_bias));
             let act = push(
                 &mut body,
                 activation(cfg, "hidden_act", act_name, "mlp.act_fn")?,
             );
-            let mut u = with_inputs(linear(up, *intermediate, mlp_bias), &[&norm2]);
-            u.note = note.map(str::to_string);
-            let up = push(&mut body, u);
+            let up = push(
+                &mut body,
+                with_inputs(linear("mlp.up_proj", *intermediate, mlp_bias), &[&norm2]),
+            );
             push(
                 &mut body,
                 with_inputs(layer(K::Mul, "mlp.gate_mul_up"), &[&act, &up]),

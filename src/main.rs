@@ -9,7 +9,9 @@ use clap::{Parser, ValueEnum};
 
 use memest::dtype::DType;
 use memest::hf::Head;
-use memest::settings::{Amp, AttentionImpl, Device, Mode, Optimizer, Overrides, RecipeName};
+use memest::settings::{
+    Amp, AttentionImpl, Device, Lora, Mode, Optimizer, Overrides, Quant, RecipeName,
+};
 use memest::spec::Format;
 use memest::units::{UnitSystem, parse_size};
 
@@ -30,9 +32,31 @@ struct Cli {
     /// Optimizer whose state is counted.
     #[arg(long, value_enum)]
     optim: Option<Optimizer>,
-    /// dtype of parameters and activations (float32, bfloat16, float16, float64, …).
+    /// dtype of parameters and activations (float32, bfloat16, float16, float64, …), or a
+    /// weight quantization of the linear projections (nf4, int8, int4, fp8) with bfloat16 for
+    /// everything else.
+    #[arg(long, value_parser = parse_dtype_arg)]
+    dtype: Option<DtypeArg>,
+    /// LoRA: freeze the model and train rank-R adapters on the --lora-targets projections.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    lora_rank: Option<u64>,
+    /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
+    /// suffixes (gate, up, down match *.gate_proj, *.up_proj, *.down_proj).
+    #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
+    lora_targets: Vec<String>,
+    /// Inference over N tokens of context: --mode infer with a sequence length of N (the KV cache
+    /// of causal attention holds N tokens).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    context: Option<u64>,
+    /// dtype of the inference KV cache (e.g. fp8, bfloat16); default: the activation dtype.
     #[arg(long, value_parser = parse_dtype)]
-    dtype: Option<DType>,
+    kv_dtype: Option<DType>,
+    /// With --budget: find the largest micro-batch that fits, and report at it.
+    #[arg(long, requires = "budget", conflicts_with = "max_context")]
+    max_batch: bool,
+    /// With --budget: find the longest context (sequence length) that fits, and report at it.
+    #[arg(long, requires = "budget")]
+    max_context: bool,
     /// Training step or inference forward pass.
     #[arg(long, value_enum)]
     mode: Option<Mode>,
@@ -79,6 +103,23 @@ struct Cli {
 enum OutputFormat {
     Table,
     Json,
+}
+
+/// A `--dtype` value: a float dtype for the whole model, or a weight quantization.
+#[derive(Clone, Copy, Debug)]
+enum DtypeArg {
+    Float(DType),
+    Quant(Quant),
+}
+
+fn parse_dtype_arg(s: &str) -> Result<DtypeArg, String> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "nf4" => DtypeArg::Quant(Quant::Nf4 { double_quant: true }),
+        "int8" => DtypeArg::Quant(Quant::Int8),
+        "int4" => DtypeArg::Quant(Quant::Int4 { group_size: 128 }),
+        "fp8" => DtypeArg::Quant(Quant::Fp8),
+        _ => DtypeArg::Float(parse_dtype(s)?),
+    })
 }
 
 fn parse_dtype(s: &str) -> Result<DType, String> {
@@ -128,33 +169,79 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned());
         (src, path.display().to_string(), format, name)
     };
+    let (dtype, quant) = match cli.dtype {
+        None => (None, None),
+        Some(DtypeArg::Float(d)) => (Some(d), None),
+        Some(DtypeArg::Quant(q)) => (Some(DType::Bfloat16), Some(q)),
+    };
     let overrides = Overrides {
         batch: cli.batch,
-        seq: cli.seq,
-        dtype: cli.dtype,
+        seq: cli.context.or(cli.seq),
+        dtype,
         optimizer: cli.optim,
-        mode: cli.mode,
+        mode: if cli.context.is_some() {
+            Some(Mode::Infer)
+        } else {
+            cli.mode
+        },
         attention: cli.attention,
         amp: cli.amp,
         checkpoint: cli.checkpoint,
         device: cli.device,
-        lora: None,
-        quant: None,
-        kv_dtype: None,
+        lora: cli.lora_rank.map(|rank| Lora {
+            rank,
+            targets: cli.lora_targets.clone(),
+        }),
+        quant,
+        kv_dtype: cli.kv_dtype,
         recipe: cli.recipe,
     };
     let mut spec = memest::load_spec(&src, format, cli.head)
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
     if cli.print_model {
         spec.name.get_or_insert(name);
-        let text = toml::to_string_pretty(&spec).context("failed to write the model as TOML")?;
+        let text = memest::hf::to_toml(&spec).map_err(|e| anyhow::anyhow!("{display}: {e}"))?;
         let mut out = io::stdout().lock();
         write!(out, "{text}")?;
         out.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
-    let report = memest::estimate_spec(&spec, &name, &overrides, cli.budget)
+    let mut report = memest::estimate_spec(&spec, &name, &overrides, cli.budget)
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
+    let mut found = None;
+    if let (Some(budget), true) = (cli.budget, cli.max_batch || cli.max_context) {
+        let (what, start) = if cli.max_batch {
+            ("batch", report.settings.batch)
+        } else {
+            let seq = report.settings.seq.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{display}: --max-context needs a model with a \"seq\" input dimension"
+                )
+            })?;
+            ("context", seq)
+        };
+        let _ = start;
+        let estimate_at = |v: u64| {
+            let mut o = overrides.clone();
+            if cli.max_batch {
+                o.batch = Some(v);
+            } else {
+                o.seq = Some(v);
+            }
+            memest::estimate_spec(&spec, &name, &o, Some(budget)).ok()
+        };
+        match largest_fitting(estimate_at) {
+            Some((v, r)) => {
+                report = r;
+                found = Some((what, v));
+            }
+            None => {
+                let at = estimate_at(1).unwrap_or(report);
+                report = at;
+                found = Some((what, 0));
+            }
+        }
+    }
     let units = if cli.si {
         UnitSystem::Si
     } else {
@@ -163,11 +250,27 @@ fn run(cli: &Cli) -> Result<ExitCode> {
     let mut out = io::stdout().lock();
     match cli.format {
         OutputFormat::Json => {
+            let mut value =
+                serde_json::to_value(&report).context("failed to serialize the report")?;
+            if let (Some((what, v)), Some(map)) = (found, value.as_object_mut()) {
+                map.insert(format!("max_{what}"), serde_json::Value::from(v));
+            }
             let text =
-                serde_json::to_string_pretty(&report).context("failed to serialize the report")?;
+                serde_json::to_string_pretty(&value).context("failed to serialize the report")?;
             writeln!(out, "{text}")?;
         }
         OutputFormat::Table => {
+            if let Some((what, v)) = found {
+                let budget = memest::units::format_bytes(cli.budget.unwrap_or(0), units);
+                if v == 0 {
+                    writeln!(
+                        out,
+                        "largest {what} that fits {budget}: none (the estimate below is at 1)"
+                    )?;
+                } else {
+                    writeln!(out, "largest {what} that fits {budget}: {v}")?;
+                }
+            }
             write!(out, "{}", memest::render::summary(&report, units))?;
             if cli.per_layer {
                 write!(out, "{}", memest::render::per_layer(&report, units))?;
@@ -185,6 +288,39 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The largest value `v ≥ 1` whose estimate fits its budget, with that estimate: doubling, then
+/// bisection (estimates grow with batch and context). `None` when even 1 does not fit. Values
+/// whose estimate fails (e.g. a size overflow) count as not fitting.
+fn largest_fitting(
+    estimate_at: impl Fn(u64) -> Option<memest::Report>,
+) -> Option<(u64, memest::Report)> {
+    let fits = |v: u64| estimate_at(v).filter(|r| r.budget.as_ref().is_some_and(|b| b.fits));
+    let mut best = (1, fits(1)?);
+    let mut hi = 2u64;
+    loop {
+        match fits(hi) {
+            Some(r) if hi < (1 << 40) => {
+                best = (hi, r);
+                hi *= 2;
+            }
+            Some(r) => return Some((hi, r)),
+            None => break,
+        }
+    }
+    let mut lo = best.0;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match fits(mid) {
+            Some(r) => {
+                best = (mid, r);
+                lo = mid;
+            }
+            None => hi = mid,
+        }
+    }
+    Some(best)
 }
 
 /// `file:line:col: msg` for positioned errors, `file: msg` otherwise.

@@ -79,6 +79,29 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         thousands(r.trainable_param_count)
     ));
     out.push_str(&recipe_line(r));
+    if r.parameters_by_dtype.len() > 1 {
+        let parts: Vec<String> = r
+            .parameters_by_dtype
+            .iter()
+            .map(|(d, &b)| {
+                let n = r.param_count_by_dtype.get(d).copied().unwrap_or(0);
+                format!(
+                    "{d} {} ({} parameters)",
+                    format_bytes(b, units),
+                    thousands(n)
+                )
+            })
+            .collect();
+        out.push_str(&format!("parameters by dtype: {}\n", parts.join(", ")));
+    }
+    if let Some(lora) = &r.settings.lora {
+        out.push_str(&format!(
+            "lora: rank {} on {}: the base is frozen; the {} trainable adapter parameters are float32 (PEFT), so gradients and optimizer state are theirs alone (the recipe line applies to the base weights)\n",
+            lora.rank,
+            lora.targets.join(","),
+            thousands(r.trainable_param_count)
+        ));
+    }
 
     let mut table = Table::new();
     table.load_style(presets::UTF8_FULL_CONDENSED);

@@ -28,6 +28,11 @@ pub struct Report {
     pub trainable_param_count: u64,
     /// Parameter bytes.
     pub parameters_bytes: u64,
+    /// Parameter bytes per storage format (`float32`, `bfloat16`, `nf4`, …), quantization
+    /// metadata (scales, zero points) included in its format.
+    pub parameters_by_dtype: BTreeMap<&'static str, u64>,
+    /// Parameters per storage format.
+    pub param_count_by_dtype: BTreeMap<&'static str, u64>,
     /// Buffer bytes (BatchNorm running statistics, id and rotary tables).
     pub buffers_bytes: u64,
     /// Gradient bytes (same shapes and dtypes as the trainable parameters).
@@ -241,6 +246,14 @@ impl Report {
             param_count: tape.params.iter().map(|p| p.numel).sum(),
             trainable_param_count,
             parameters_bytes: tape.params.iter().map(|p| p.bytes).sum(),
+            parameters_by_dtype: tape.params.iter().fold(BTreeMap::new(), |mut m, p| {
+                *m.entry(p.dtype_name).or_insert(0) += p.bytes;
+                m
+            }),
+            param_count_by_dtype: tape.params.iter().fold(BTreeMap::new(), |mut m, p| {
+                *m.entry(p.dtype_name).or_insert(0) += p.numel;
+                m
+            }),
             buffers_bytes: bytes_of(StorageKind::Buffer),
             gradients_bytes: sim.gradient_bytes,
             optimizer_state_bytes: sim.optimizer_state_bytes,

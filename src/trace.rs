@@ -445,9 +445,14 @@ impl Tracer<'_> {
         self.param_as(shape, trainable, None)
     }
 
-    /// A LoRA adapter matrix: trains even though the base is frozen.
+    /// A LoRA adapter matrix: trains even though the base is frozen. PEFT keeps adapters in
+    /// float32 when the base is 16-bit (`autocast_adapter_dtype=True`).
     fn adapter_param(&mut self, shape: Shape) -> Result<ValueId, Error> {
-        self.param_as(shape, true, None)
+        let dtype = match self.param_dtype() {
+            DType::Float16 | DType::Bfloat16 => DType::Float32,
+            d => d,
+        };
+        self.param_typed(shape, true, None, dtype)
     }
 
     /// A linear projection's weight `[out, in]`: quantized under `--dtype nf4|int8|int4|fp8`
@@ -475,6 +480,16 @@ impl Tracer<'_> {
         quant: Option<Quant>,
     ) -> Result<ValueId, Error> {
         let dtype = self.param_dtype();
+        self.param_typed(shape, trainable, quant, dtype)
+    }
+
+    fn param_typed(
+        &mut self,
+        shape: Shape,
+        trainable: bool,
+        quant: Option<Quant>,
+        dtype: DType,
+    ) -> Result<ValueId, Error> {
         let numel = checked(shape.numel(), "a parameter's element count")?;
         let s = self.storage(&shape, dtype, StorageKind::Parameter, "parameter")?;
         let (bytes, dtype_name) = match quant {
@@ -517,8 +532,9 @@ impl Tracer<'_> {
     }
 
     /// PEFT's LoRA on a targeted projection: `y + B(A(x)) · scaling` with trainable
-    /// `A: [rank, in]`, `B: [out, rank]` (lora_dropout 0). `A` keeps `x`; `B` keeps `A`'s
-    /// `[.., rank]` output.
+    /// `A: [rank, in]`, `B: [out, rank]` (lora_dropout 0). The input is cast to the adapters'
+    /// dtype first (a copy when the model is 16-bit), which `A` keeps; `B` keeps `A`'s
+    /// `[.., rank]` output; the sum is cast back to `y`'s dtype.
     fn lora(
         &mut self,
         x: ValueId,
@@ -533,10 +549,30 @@ impl Tracer<'_> {
         let rank = self.s.lora.as_ref().map_or(0, |l| l.rank);
         let a = self.adapter_param(Shape::from([rank, in_f]))?;
         let b = self.adapter_param(Shape::from([out_f, rank]))?;
-        let xa = self.linear(x, a, None, rank)?;
+        let adt = self.val(a).dtype;
+        let xc = self.cast(x, adt)?;
+        let xa = self.linear(xc, a, None, rank)?;
         let xb = self.linear(xa, b, None, out_f)?;
         let scaled = self.unary(xb, "mul", Keep::Nothing, false)?;
-        self.add(&[y, scaled], false)
+        let sum = self.add(&[y, scaled], false)?;
+        let ydt = self.val(y).dtype;
+        self.cast(sum, ydt)
+    }
+
+    /// `x.to(dtype)`: a copy when the dtype differs.
+    fn cast(&mut self, x: ValueId, dtype: DType) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        if xv.dtype == dtype {
+            return Ok(x);
+        }
+        let y = self.fresh(xv.shape.clone(), dtype, "cast", xv.requires_grad)?;
+        self.push(Step {
+            op: "_to_copy",
+            inputs: vec![x],
+            outputs: vec![y],
+            ..self.blank()
+        });
+        Ok(y)
     }
 
     fn buffer(

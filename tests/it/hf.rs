@@ -375,6 +375,25 @@ fn print_model_round_trips() {
 }
 
 #[test]
+fn print_model_round_trips_memest_files() {
+    for file in [
+        "examples/gpt2.toml",
+        "examples/resnet50.toml",
+        "examples/vit_b_16.toml",
+        "tests/fixtures/mlp.json",
+    ] {
+        let out = memest(&["--print-model", file]);
+        assert_eq!(code(&out), 0, "{}", describe(&out));
+        let toml = TempModel::new("toml", &stdout(&out));
+        assert_eq!(
+            report(&[file]),
+            report(&[toml.arg()]),
+            "{file}: the printed TOML gives another estimate"
+        );
+    }
+}
+
+#[test]
 fn print_model_of_a_memest_file_is_toml_too() {
     let t = printed(&["examples/mlp.toml"]);
     assert_eq!(t["name"].as_str(), Some("mlp"));
@@ -552,6 +571,148 @@ fn t5_and_mixtral_configs_match_their_measurements() {
                 u(&hand, "activations_bytes"),
                 u(&hand, "peak_bytes")
             ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// A tiny config of one family and what one real training step of it kept (batch 4, seq 64,
+/// AdamW, float32), measured with `../shared/groundtruth/measure.py` (PyTorch 2.15 on the CPU,
+/// transformers 5.24, the class `architectures` names, `attn` as given).
+struct Measured {
+    config: &'static str,
+    attention: &'static str,
+    params: u64,
+    params_bytes: u64,
+    optimizer_bytes: u64,
+    activations: u64,
+    peak: u64,
+}
+
+const TINY: &[Measured] = &[
+    Measured {
+        config: r#"{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 256, "tie_word_embeddings": true}"#,
+        attention: "flash",
+        params: 1_437_952,
+        params_bytes: 5_751_808,
+        optimizer_bytes: 11_503_720,
+        activations: 10_771_460,
+        peak: 31_099_120,
+    },
+    Measured {
+        config: r#"{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000, "max_position_embeddings": 256}"#,
+        attention: "flash",
+        params: 1_496_448,
+        params_bytes: 5_985_792,
+        optimizer_bytes: 11_971_684,
+        activations: 10_767_364,
+        peak: 31_796_908,
+    },
+    Measured {
+        config: r#"{"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 1000, "max_position_embeddings": 256}"#,
+        attention: "flash",
+        params: 1_371_392,
+        params_bytes: 5_485_568,
+        optimizer_bytes: 10_971_216,
+        activations: 10_514_436,
+        peak: 30_043_356,
+    },
+    Measured {
+        config: r#"{"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256, "resid_pdrop": 0.1, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}"#,
+        attention: "flash",
+        params: 1_824_000,
+        params_bytes: 7_296_000,
+        optimizer_bytes: 14_592_060,
+        activations: 12_868_612,
+        peak: 38_554_828,
+    },
+    Measured {
+        config: r#"{"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 256, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256, "mlp_only_layers": [0]}"#,
+        attention: "flash",
+        params: 2_877_952,
+        params_bytes: 11_511_808,
+        optimizer_bytes: 23_023_804,
+        activations: 18_689_060,
+        peak: 60_158_284,
+    },
+    Measured {
+        config: r#"{"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 256, "sliding_window": 4096}"#,
+        attention: "flash",
+        params: 1_692_928,
+        params_bytes: 6_771_712,
+        optimizer_bytes: 13_543_508,
+        activations: 10_771_460,
+        peak: 35_409_140,
+    },
+    Measured {
+        config: r#"{"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 128}"#,
+        attention: "eager",
+        params: 1_411_304,
+        params_bytes: 5_645_216,
+        optimizer_bytes: 11_290_600,
+        activations: 11_522_564,
+        peak: 31_534_496,
+    },
+    Measured {
+        config: r#"{"model_type": "llama", "architectures": ["LlamaForSequenceClassification"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 256, "pad_token_id": 0}"#,
+        attention: "flash",
+        params: 1_437_440,
+        params_bytes: 5_749_760,
+        optimizer_bytes: 11_499_604,
+        activations: 9_745_508,
+        peak: 29_275_428,
+    },
+    Measured {
+        config: r#"{"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"], "n_embd": 256, "n_layer": 2, "n_head": 4, "vocab_size": 1000, "n_positions": 128, "pad_token_id": 0}"#,
+        attention: "eager",
+        params: 1_869_312,
+        params_bytes: 7_477_248,
+        optimizer_bytes: 14_954_612,
+        activations: 18_098_788,
+        peak: 43_157_244,
+    },
+];
+
+#[test]
+fn tiny_configs_of_each_family_match_measurements() {
+    let mut problems = Vec::new();
+    for m in TINY {
+        let file = TempModel::new("json", m.config);
+        let args = [
+            file.arg(),
+            "--batch",
+            "4",
+            "--seq",
+            "64",
+            "--optim",
+            "adamw",
+            "--attention",
+            m.attention,
+        ];
+        let est = report(&args);
+        let what = m.config.split('"').nth(7).unwrap_or(m.config);
+        for (field, measured) in [
+            ("param_count", m.params),
+            ("parameters_bytes", m.params_bytes),
+            ("gradients_bytes", m.params_bytes),
+            ("optimizer_state_bytes", m.optimizer_bytes),
+        ] {
+            if u(&est, field) != measured {
+                problems.push(format!(
+                    "{what} {field}: memest {}, measured {measured}",
+                    u(&est, field)
+                ));
+            }
+        }
+        let (act, peak) = (u(&est, "activations_bytes"), u(&est, "peak_bytes"));
+        if err_pct(act, m.activations).abs() > 5.0 {
+            problems.push(format!(
+                "{what} activations: memest {act}, measured {}",
+                m.activations
+            ));
+        }
+        if err_pct(peak, m.peak).abs() > 10.0 {
+            problems.push(format!("{what} peak: memest {peak}, measured {}", m.peak));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
