@@ -10,8 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// An element type, as PyTorch names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     /// `torch.float64`, 8 bytes.
     Float64,
@@ -186,6 +185,12 @@ impl FromStr for DType {
     }
 }
 
+impl Serialize for DType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 impl<'de> Deserialize<'de> for DType {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
@@ -217,6 +222,15 @@ mod tests {
     #[test]
     fn overflow_is_none() {
         assert_eq!(DType::Float64.bytes_for(u64::MAX), None);
+    }
+
+    #[test]
+    fn serialized_names_parse_back() {
+        for d in DType::ALL {
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(json, format!("\"{}\"", d.as_str()));
+            assert_eq!(serde_json::from_str::<DType>(&json).unwrap(), d);
+        }
     }
 
     #[test]
