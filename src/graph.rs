@@ -214,6 +214,9 @@ pub enum Op {
     Rotary {
         /// Head dimension.
         head_dim: u64,
+        /// The rotated part is joined to the pass-through part with `torch.cat` (Phi-3's and
+        /// partial-rotary code), which makes Q and K contiguous `[B, heads, S, head_dim]`.
+        concat: bool,
     },
     /// A free parameter tensor of the given shape joined to the activations.
     Parameter {
@@ -716,14 +719,17 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             }
         }
         K::Rotary => {
-            check_keys(s, &["head_dim"])?;
+            check_keys(s, &["head_dim", "concat"])?;
             let head_dim = positive(s.head_dim, "head_dim")?;
             if head_dim % 2 != 0 {
                 return Err(format!(
                     "`head_dim` must be even for rotary embeddings, got {head_dim}"
                 ));
             }
-            Op::Rotary { head_dim }
+            Op::Rotary {
+                head_dim,
+                concat: s.concat.unwrap_or(false),
+            }
         }
         K::Parameter => {
             check_keys(s, &["shape", "combine", "dim"])?;

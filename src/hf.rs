@@ -815,6 +815,8 @@ fn decoder(cfg: &Cfg, family: Family, head: Resolved) -> Result<(Vec<LayerSpec>,
         &mut out,
         LayerSpec {
             head_dim: Some(rotary_dim),
+            // Phi-3's apply_rotary_pos_emb joins the rotated and pass-through parts with torch.cat.
+            concat: (family == F::Phi3).then_some(true),
             ..layer(K::Rotary, &p("rotary_emb"))
         },
     );

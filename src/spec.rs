@@ -284,6 +284,9 @@ pub struct LayerSpec {
     pub num_buckets: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u64>,
+    // rotary
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concat: Option<bool>,
     // scale
     #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,

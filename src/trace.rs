@@ -273,7 +273,7 @@ struct Tracer<'a> {
     /// Embedding weights by layer name, for `tie`.
     embeddings: HashMap<String, ValueId>,
     /// `cos` and `sin` tables from the last rotary layer.
-    rope: Option<(StorageId, StorageId)>,
+    rope: Option<(StorageId, StorageId, bool)>,
     cur_layer: usize,
     segment: Option<usize>,
     label: String,
@@ -1269,7 +1269,7 @@ impl Tracer<'_> {
                 });
                 self.add(&[x, emb], false)
             }
-            Op::Rotary { head_dim } => {
+            Op::Rotary { head_dim, concat } => {
                 let d = xv.shape.dims().to_vec();
                 if d.len() != 3 {
                     return Err(self.err(format!(
@@ -1297,7 +1297,7 @@ impl Tracer<'_> {
                     ..self.blank()
                 });
                 self.tape.held.extend([cos, sin]);
-                self.rope = Some((cos, sin));
+                self.rope = Some((cos, sin, *concat));
                 Ok(x)
             }
             Op::Parameter { shape, combine } => {
@@ -2306,10 +2306,10 @@ impl Tracer<'_> {
             (heads[0], heads[1], heads[2])
         };
         let (q, k) = if c.rotary {
-            let (cos, sin) = self.rope.ok_or_else(|| {
+            let (cos, sin, concat) = self.rope.ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
             })?;
-            (self.rope_apply(q, cos, sin)?, self.rope_apply(k, cos, sin)?)
+            (self.rope_apply(q, cos, sin, concat)?, self.rope_apply(k, cos, sin, concat)?)
         } else {
             (q, k)
         };
@@ -2447,14 +2447,16 @@ impl Tracer<'_> {
 
     /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
     /// shared `cos`/`sin` tables; the result is a new tensor in the input's (dense) layout.
-    fn rope_apply(&mut self, t: ValueId, cos: StorageId, sin: StorageId) -> Result<ValueId, Error> {
+    fn rope_apply(&mut self, t: ValueId, cos: StorageId, sin: StorageId, concat: bool) -> Result<ValueId, Error> {
         let tv = self.val(t).clone();
         let mut allocs = Vec::new();
         for what in ["q*cos", "rotate_half", "rotate_half*sin"] {
             allocs.push(self.storage(&tv.shape, tv.dtype, StorageKind::Activation, what)?);
         }
-        // Elementwise results keep a dense input's layout and the dimension order of a strided one.
+        // Elementwise results keep a dense input's layout and the dimension order of a strided
+        // one; `torch.cat` allocates a contiguous result.
         let layout = match tv.layout {
+            _ if concat => Layout::Contiguous,
             Layout::HeadsStrided => Layout::HeadsTransposed,
             Layout::Strided | Layout::LastTwoSwapped => Layout::Contiguous,
             l => l,
