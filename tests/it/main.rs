@@ -6,5 +6,6 @@ mod cli;
 mod errors;
 mod examples;
 mod hf;
+mod llm;
 mod optim;
 mod reference;

@@ -1,0 +1,231 @@
+//! Issue 4's LLM features: the inference KV cache, context and batch search, LoRA and QLoRA,
+//! quantized weights. Figures are computed by hand in the comments.
+
+use crate::common::{code, memest, report, stderr, u};
+
+const GIB: u64 = 1 << 30;
+
+/// Llama-3-8B: 32 layers, 8 KV heads of 128: K and V per token per layer = 2·8·128·2 B = 4 KiB,
+/// × 32 layers = 128 KiB per token; × 8192 tokens = 1 GiB per sequence.
+#[test]
+fn llama3_kv_cache_is_128_kib_per_token() {
+    let r = report(&[
+        "examples/hf/llama-3-8b.json",
+        "--context",
+        "8192",
+        "--dtype",
+        "bfloat16",
+        "--batch",
+        "1",
+    ]);
+    assert_eq!(u(&r, "kv_cache_bytes"), GIB);
+    assert_eq!(r["settings"]["mode"], "infer");
+    let r = report(&[
+        "examples/hf/llama-3-8b.json",
+        "--context",
+        "1",
+        "--dtype",
+        "bfloat16",
+        "--batch",
+        "1",
+    ]);
+    assert_eq!(u(&r, "kv_cache_bytes"), 128 * 1024);
+    // Two sequences, twice the cache.
+    let r = report(&[
+        "examples/hf/llama-3-8b.json",
+        "--context",
+        "8192",
+        "--dtype",
+        "bfloat16",
+        "--batch",
+        "2",
+    ]);
+    assert_eq!(u(&r, "kv_cache_bytes"), 2 * GIB);
+}
+
+/// Grouped-query attention is never charged for full-width K/V: Llama-2-7B (32 KV heads) caches
+/// 4× what Llama-3-8B (8 KV heads, same layers and head_dim) does.
+#[test]
+fn gqa_caches_only_kv_heads() {
+    let l2 = report(&[
+        "examples/hf/llama-2-7b.json",
+        "--context",
+        "4096",
+        "--dtype",
+        "bfloat16",
+    ]);
+    let l3 = report(&[
+        "examples/hf/llama-3-8b.json",
+        "--context",
+        "4096",
+        "--dtype",
+        "bfloat16",
+    ]);
+    // Llama-2-7B: 2·32 layers·32 heads·128·4096·2 B = 2 GiB.
+    assert_eq!(u(&l2, "kv_cache_bytes"), 2 * GIB);
+    assert_eq!(u(&l3, "kv_cache_bytes"), GIB / 2);
+}
+
+/// Mistral-7B's sliding window (4096) caps the cache: at 8192 tokens it holds 4096.
+#[test]
+fn sliding_window_caps_the_cache() {
+    // 2·32 layers·8 KV heads·128·4096·2 B = 512 MiB.
+    let r = report(&[
+        "examples/hf/mistral-7b-v0.1.json",
+        "--context",
+        "8192",
+        "--dtype",
+        "bfloat16",
+    ]);
+    assert_eq!(u(&r, "kv_cache_bytes"), GIB / 2);
+    let r = report(&[
+        "examples/hf/mistral-7b-v0.1.json",
+        "--context",
+        "2048",
+        "--dtype",
+        "bfloat16",
+    ]);
+    assert_eq!(u(&r, "kv_cache_bytes"), GIB / 4);
+}
+
+/// `--kv-dtype fp8` stores one byte per element: half of bfloat16.
+#[test]
+fn kv_dtype_sets_the_cache_element_size() {
+    let r = report(&[
+        "examples/hf/llama-3-8b.json",
+        "--context",
+        "8192",
+        "--dtype",
+        "bfloat16",
+        "--kv-dtype",
+        "fp8",
+    ]);
+    assert_eq!(u(&r, "kv_cache_bytes"), GIB / 2);
+}
+
+/// `--max-context` finds the longest context whose estimate fits, and one more token does not.
+#[test]
+fn max_context_is_the_largest_that_fits() {
+    let base = [
+        "examples/hf/llama-3-8b.json",
+        "--dtype",
+        "bfloat16",
+        "--mode",
+        "infer",
+        "--budget",
+        "24GiB",
+    ];
+    let r = report(&[&base[..], &["--max-context"]].concat());
+    let n = u(&r, "max_context");
+    assert!(n > 1000, "{n}");
+    assert_eq!(u(&r["settings"], "seq"), n);
+    assert!(u(&r, "total_bytes") <= 24 * GIB);
+    let next = (n + 1).to_string();
+    let over = memest(&[&base[..], &["--seq", &next, "--format", "json"]].concat());
+    assert_eq!(code(&over), 1, "{} tokens should not fit", n + 1);
+}
+
+/// `--max-batch` likewise, for the micro-batch.
+#[test]
+fn max_batch_is_the_largest_that_fits() {
+    let base = ["examples/mlp.toml", "--optim", "adam", "--budget", "100MB"];
+    let r = report(&[&base[..], &["--max-batch"]].concat());
+    let n = u(&r, "max_batch");
+    assert!(n > 1, "{n}");
+    assert_eq!(u(&r["settings"], "batch"), n);
+    assert!(u(&r, "total_bytes") <= 100_000_000);
+    let next = (n + 1).to_string();
+    assert_eq!(code(&memest(&[&base[..], &["--batch", &next]].concat())), 1);
+}
+
+/// When even 1 does not fit, the search reports that and exits 1.
+#[test]
+fn max_batch_reports_when_nothing_fits() {
+    let out = memest(&["examples/mlp.toml", "--budget", "1MB", "--max-batch"]);
+    assert_eq!(code(&out), 1);
+    assert!(
+        crate::common::stdout(&out).contains("largest batch that fits"),
+        "{}",
+        crate::common::stdout(&out)
+    );
+    assert!(stderr(&out).contains("over budget"), "{}", stderr(&out));
+}
+
+/// LoRA rank 16 on Llama-2-7B's q, k, v, o, gate, up, down: per layer
+/// 16·((4096+4096)·4 + (4096+11008)·3) = 1,249,280 adapter parameters, × 32 layers = 39,976,960;
+/// the 6,738,415,616 base parameters are frozen.
+#[test]
+fn lora_adapters_train_and_the_base_is_frozen() {
+    let r = report(&[
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--seq",
+        "256",
+    ]);
+    assert_eq!(u(&r, "trainable_param_count"), 39_976_960);
+    assert_eq!(u(&r, "param_count"), 6_738_415_616 + 39_976_960);
+    // PEFT keeps the adapters in float32: gradients 4 B and AdamW moments 8 B per adapter
+    // parameter, plus a 4-byte step for each of the 7·2·32 = 448 adapter tensors.
+    assert_eq!(u(&r, "gradients_bytes"), 4 * 39_976_960);
+    assert_eq!(u(&r, "optimizer_state_bytes"), 8 * 39_976_960 + 4 * 448);
+    // Only attention targets: 16·(4096+4096)·4·32 = 16,777,216.
+    let r = report(&[
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "q,k,v,o",
+        "--seq",
+        "256",
+    ]);
+    assert_eq!(u(&r, "trainable_param_count"), 16_777_216);
+}
+
+/// NF4 with double quantization (bitsandbytes, blocksize 64): 4 bits per weight, an int8 absmax
+/// per 64 weights and a float32 scale per 256 absmax blocks. A [512, 1000] linear:
+/// 512,000/2 = 256,000 + 8,000 absmax + 4·32 (ceil(8000/256) = 32) = 264,128 bytes.
+#[test]
+fn nf4_weights_carry_their_scales() {
+    let src = "[input]\nshape = [1000]\n[[layers]]\nkind = \"linear\"\nname = \"proj\"\nout_features = 512\nbias = false\n";
+    let m = crate::common::TempModel::new("toml", src);
+    let r = report(&[m.arg(), "--dtype", "nf4"]);
+    assert_eq!(u(&r, "parameters_bytes"), 264_128);
+    assert_eq!(u(&r["parameters_by_dtype"], "nf4"), 264_128);
+    // Quantized weights are frozen.
+    assert_eq!(u(&r, "trainable_param_count"), 0);
+    // int8 (LLM.int8()): 512,000 + a float32 scale per output row (512·4) = 514,048.
+    let r = report(&[m.arg(), "--dtype", "int8"]);
+    assert_eq!(u(&r, "parameters_bytes"), 514_048);
+    // int4 (GPTQ, groups of 128): 256,000 + 512·8 groups·(2 B scale) + 4096/2 B zeros = 266,240.
+    let r = report(&[m.arg(), "--dtype", "int4"]);
+    assert_eq!(u(&r, "parameters_bytes"), 266_240);
+}
+
+/// The issue's QLoRA command runs and splits the parameters by dtype: the quantized projections
+/// in nf4, embeddings, norms and head in bfloat16, the adapters in float32.
+#[test]
+fn qlora_command_runs() {
+    let r = report(&[
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--dtype",
+        "nf4",
+        "--optim",
+        "adamw",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+    ]);
+    let by = &r["parameters_by_dtype"];
+    assert!(u(by, "nf4") > 3 * GIB, "{by}");
+    // Embedding and head: 2·32000·4096 = 262,144,000, norms 65·4096 = 266,240, in bfloat16.
+    assert_eq!(
+        u(&r["param_count_by_dtype"], "bfloat16"),
+        262_144_000 + 266_240
+    );
+    assert_eq!(u(&r["param_count_by_dtype"], "float32"), 39_976_960);
+    assert!(u(&r, "total_bytes") < 40 * GIB);
+}
