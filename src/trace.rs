@@ -1202,10 +1202,16 @@ impl Tracer<'_> {
                     "position embeddings",
                     rg,
                 )?;
+                let allocs = if self.tape.storages[ids].kind == StorageKind::Activation {
+                    vec![ids]
+                } else {
+                    Vec::new()
+                };
                 self.push(Step {
                     op: "embedding",
                     inputs: vec![w, ids_v],
                     outputs: vec![pos],
+                    allocs,
                     saves: vec![ids],
                     ..self.blank()
                 });
@@ -1232,10 +1238,17 @@ impl Tracer<'_> {
                 let w = self.param(Shape::from([*num_types, h]), train)?;
                 // All-zero type ids: an expanded view of the module's buffer, or a new tensor.
                 let ids = if *ids_buffer > 0 {
+                    // BertEmbeddings gathers `[1, S]` ids out of its buffer: a new tensor.
                     self.buffer(
                         Shape::from([1, *ids_buffer]),
                         DType::Int64,
                         "token type ids",
+                    )?;
+                    self.storage(
+                        &Shape::from([1, s]),
+                        DType::Int64,
+                        StorageKind::Activation,
+                        "gathered token type ids",
                     )?
                 } else {
                     self.storage(
@@ -1260,10 +1273,16 @@ impl Tracer<'_> {
                     "token type embeddings",
                     rg,
                 )?;
+                let allocs = if self.tape.storages[ids].kind == StorageKind::Activation {
+                    vec![ids]
+                } else {
+                    Vec::new()
+                };
                 self.push(Step {
                     op: "embedding",
                     inputs: vec![w, ids_v],
                     outputs: vec![emb],
+                    allocs,
                     saves: vec![ids],
                     ..self.blank()
                 });
@@ -2309,7 +2328,10 @@ impl Tracer<'_> {
             let (cos, sin, concat) = self.rope.ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
             })?;
-            (self.rope_apply(q, cos, sin, concat)?, self.rope_apply(k, cos, sin, concat)?)
+            (
+                self.rope_apply(q, cos, sin, concat)?,
+                self.rope_apply(k, cos, sin, concat)?,
+            )
         } else {
             (q, k)
         };
@@ -2447,7 +2469,13 @@ impl Tracer<'_> {
 
     /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
     /// shared `cos`/`sin` tables; the result is a new tensor in the input's (dense) layout.
-    fn rope_apply(&mut self, t: ValueId, cos: StorageId, sin: StorageId, concat: bool) -> Result<ValueId, Error> {
+    fn rope_apply(
+        &mut self,
+        t: ValueId,
+        cos: StorageId,
+        sin: StorageId,
+        concat: bool,
+    ) -> Result<ValueId, Error> {
         let tv = self.val(t).clone();
         let mut allocs = Vec::new();
         for what in ["q*cos", "rotate_half", "rotate_half*sin"] {
@@ -2894,11 +2922,19 @@ impl Tracer<'_> {
             ..self.blank()
         });
         let loss = self.fresh(Shape::default(), inv.dtype, "loss", inv.requires_grad)?;
+        // nll_loss_forward also returns `total_weight`, a float32 scalar its backward keeps.
+        let total_weight = self.storage(
+            &Shape::default(),
+            DType::Float32,
+            StorageKind::Activation,
+            "total_weight",
+        )?;
         let mut step = Step {
             op: "nll_loss",
             inputs: vec![lp],
             outputs: vec![loss],
-            saves: vec![target],
+            allocs: vec![total_weight],
+            saves: vec![target, total_weight],
             ..self.blank()
         };
         if target != labels {

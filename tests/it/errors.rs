@@ -311,7 +311,7 @@ fn key_that_does_not_apply_to_the_kind() {
     assert_has(&err, &["(linear)", "`kernel` does not apply to `linear`"]);
 }
 
-// ---- bugs found while writing these tests; see the #[ignore] reasons ----
+// ---- bugs found while writing these tests (fixed since) ----
 
 #[test]
 

@@ -6,6 +6,7 @@ mod cli;
 mod errors;
 mod examples;
 mod hf;
+mod kinds;
 mod llm;
 mod optim;
 mod reference;
