@@ -37,6 +37,13 @@ struct Cli {
     /// everything else.
     #[arg(long, value_parser = parse_dtype_arg)]
     dtype: Option<DtypeArg>,
+    /// Weights per group of `--dtype int4` (GPTQ/AWQ group size).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..))]
+    group_size: u64,
+    /// Double quantization of `--dtype nf4`'s absmax scales (bitsandbytes
+    /// `bnb_4bit_use_double_quant`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    double_quant: bool,
     /// LoRA: freeze the model and train rank-R adapters on the --lora-targets projections.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     lora_rank: Option<u64>,
@@ -172,7 +179,18 @@ fn run(cli: &Cli) -> Result<ExitCode> {
     let (dtype, quant) = match cli.dtype {
         None => (None, None),
         Some(DtypeArg::Float(d)) => (Some(d), None),
-        Some(DtypeArg::Quant(q)) => (Some(DType::Bfloat16), Some(q)),
+        Some(DtypeArg::Quant(q)) => {
+            let q = match q {
+                Quant::Nf4 { .. } => Quant::Nf4 {
+                    double_quant: cli.double_quant,
+                },
+                Quant::Int4 { .. } => Quant::Int4 {
+                    group_size: cli.group_size,
+                },
+                other => other,
+            };
+            (Some(DType::Bfloat16), Some(q))
+        }
     };
     let overrides = Overrides {
         batch: cli.batch,

@@ -200,6 +200,12 @@ fn nf4_weights_carry_their_scales() {
     // int4 (GPTQ, groups of 128): 256,000 + 512·8 groups·(2 B scale) + 4096/2 B zeros = 266,240.
     let r = report(&[m.arg(), "--dtype", "int4"]);
     assert_eq!(u(&r, "parameters_bytes"), 266_240);
+    // Groups of 64: 256,000 + 512·16·2 + 8192/2 = 276,480.
+    let r = report(&[m.arg(), "--dtype", "int4", "--group-size", "64"]);
+    assert_eq!(u(&r, "parameters_bytes"), 276_480);
+    // NF4 without double quantization: 256,000 + 8,000 float32 absmax = 288,000.
+    let r = report(&[m.arg(), "--dtype", "nf4", "--double-quant", "false"]);
+    assert_eq!(u(&r, "parameters_bytes"), 288_000);
 }
 
 /// The QLoRA command runs and splits the parameters by dtype: the quantized projections
