@@ -1,0 +1,532 @@
+//! Attention: projections, rotary embeddings, the KV cache, eager and fused kernels.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+impl Tracer<'_> {
+    /// A projection inside an attention or MoE layer: `linear` with LoRA adapters when the
+    /// projection is targeted.
+    pub(super) fn projection(
+        &mut self,
+        x: ValueId,
+        in_f: u64,
+        out_f: u64,
+        bias: bool,
+        train: bool,
+        target: &str,
+    ) -> Result<ValueId, Error> {
+        let w = self.weight(Shape::from([out_f, in_f]), train, true)?;
+        let b = if bias {
+            Some(self.param(Shape::from([out_f]), train)?)
+        } else {
+            None
+        };
+        let y = self.linear(x, w, b, out_f)?;
+        self.lora(x, y, in_f, out_f, target)
+    }
+
+    /// Self-attention (`kv_src == x`) or cross-attention (`kv_src` = the encoder output).
+    #[allow(clippy::too_many_lines)] // the projections, cache and kernels read best in order
+    pub(super) fn attention(
+        &mut self,
+        x: ValueId,
+        kv_src: ValueId,
+        c: &AttnCfg,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let &[b, s, h] = xv.shape.dims() else {
+            return Err(self.err(format!(
+                "input {} has rank {}, expected [batch, seq, hidden]",
+                xv.shape,
+                xv.shape.rank()
+            )));
+        };
+        if !xv.dtype.is_float() {
+            return Err(self.err(format!(
+                "input is {} {}, expected float hidden states",
+                xv.dtype, xv.shape
+            )));
+        }
+        let mv = self.val(kv_src).clone();
+        let &[mb, s_kv, h_kv] = mv.shape.dims() else {
+            return Err(self.err(format!(
+                "key/value source {} has rank {}, expected [batch, seq, hidden]",
+                mv.shape,
+                mv.shape.rank()
+            )));
+        };
+        if mb != b || !mv.dtype.is_float() {
+            return Err(self.err(format!(
+                "key/value source {} {} does not match the queries' batch {b}",
+                mv.dtype, mv.shape
+            )));
+        }
+        let hd = match c.head_dim {
+            Some(d) => d,
+            None => {
+                if !h.is_multiple_of(c.heads) {
+                    return Err(self.err(format!(
+                        "hidden size {h} is not divisible by {} heads; set head_dim",
+                        c.heads
+                    )));
+                }
+                h / c.heads
+            }
+        };
+        let qd = checked(c.heads.checked_mul(hd), "the query width")?;
+        let kvd = checked(c.kv_heads.checked_mul(hd), "the key/value width")?;
+        let torch_mha = c.style == AttnStyle::TorchMha;
+        let cross = kv_src != x;
+        if torch_mha && (c.kv_heads != c.heads || c.rotary || cross) {
+            return Err(self.err("style = \"torch\" (nn.MultiheadAttention) supports neither kv_heads, rotary nor cross-attention".into()));
+        }
+        // Projections.
+        let (q, k, v) = if torch_mha {
+            // nn.MultiheadAttention(batch_first=True): the input is transposed to [S, B, E]
+            // (so the packed in-projection copies it), and the projection is repacked into a
+            // contiguous [3, S, B, E] tensor whose slices are Q, K and V.
+            let xt = self.view_of(x, xv.shape.clone(), Layout::Strided);
+            self.push(Step {
+                op: "transpose",
+                inputs: vec![x],
+                outputs: vec![xt],
+                view_grad: true,
+                ..self.blank()
+            });
+            let proj = self.projection(xt, h, 3 * h, c.bias, train, "qkv")?;
+            let pv = self.val(proj).clone();
+            let packed = self.fresh(pv.shape.clone(), pv.dtype, "packed qkv", pv.requires_grad)?;
+            self.push(Step {
+                op: "clone",
+                inputs: vec![proj],
+                outputs: vec![packed],
+                ..self.blank()
+            });
+            let q = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
+            let k = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
+            let v = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
+            self.push(Step {
+                op: "unbind",
+                inputs: vec![packed],
+                outputs: vec![q, k, v],
+                ..self.blank()
+            });
+            (q, k, v)
+        } else if c.fused_qkv && !cross {
+            let width = checked(
+                kvd.checked_mul(2).and_then(|v| v.checked_add(qd)),
+                "the fused QKV width",
+            )?;
+            let qkv = self.projection(x, h, width, c.bias, train, "qkv")?;
+            let q = self.view_of(qkv, Shape::from([b, c.heads, s, hd]), Layout::HeadsStrided);
+            let k = self.view_of(
+                qkv,
+                Shape::from([b, c.kv_heads, s, hd]),
+                Layout::HeadsStrided,
+            );
+            let v = self.view_of(
+                qkv,
+                Shape::from([b, c.kv_heads, s, hd]),
+                Layout::HeadsStrided,
+            );
+            // split's backward concatenates the three gradients into one of the full width.
+            self.push(Step {
+                op: "split",
+                inputs: vec![qkv],
+                outputs: vec![q, k, v],
+                ..self.blank()
+            });
+            (q, k, v)
+        } else {
+            let mut heads = Vec::new();
+            for (src, in_f, width, n, len, target) in [
+                (x, h, qd, c.heads, s, "q"),
+                (kv_src, h_kv, kvd, c.kv_heads, s_kv, "k"),
+                (kv_src, h_kv, kvd, c.kv_heads, s_kv, "v"),
+            ] {
+                let p = self.projection(src, in_f, width, c.bias, train, target)?;
+                let hv = if c.qk_norm && target != "v" {
+                    // Qwen3: RMSNorm over head_dim on the [B, S, heads, head_dim] view, then the
+                    // head transpose of its (new, contiguous) output.
+                    let pv = self.val(p).clone();
+                    let split = self.view_of(p, Shape::from([b, len, n, hd]), Layout::Contiguous);
+                    self.push(Step {
+                        op: "view",
+                        inputs: vec![p],
+                        outputs: vec![split],
+                        view_grad: true,
+                        ..self.blank()
+                    });
+                    let w = self.param(Shape::from([hd]), train)?;
+                    let normed = self.rms_norm(split, w)?;
+                    let _ = pv;
+                    let t = self.view_of(
+                        normed,
+                        Shape::from([b, n, len, hd]),
+                        Layout::HeadsTransposed,
+                    );
+                    self.push(Step {
+                        op: "transpose",
+                        inputs: vec![normed],
+                        outputs: vec![t],
+                        view_grad: true,
+                        ..self.blank()
+                    });
+                    t
+                } else {
+                    let t = self.view_of(p, Shape::from([b, n, len, hd]), Layout::HeadsTransposed);
+                    self.push(Step {
+                        op: "view",
+                        inputs: vec![p],
+                        outputs: vec![t],
+                        view_grad: true,
+                        ..self.blank()
+                    });
+                    t
+                };
+                heads.push(hv);
+            }
+            (heads[0], heads[1], heads[2])
+        };
+        let (q, k) = if c.rotary {
+            let (cos, sin, concat) = self.rope.ok_or_else(|| {
+                self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
+            })?;
+            (
+                self.rope_apply(q, cos, sin, concat)?,
+                self.rope_apply(k, cos, sin, concat)?,
+            )
+        } else {
+            (q, k)
+        };
+        // transformers' decoders run with `use_cache=True` (the config default), training
+        // included unless gradient checkpointing turns it off: `DynamicCache.update` stores
+        // `torch.cat`-ed copies of K and V, and attention reads those copies. In inference the
+        // cache lives for the whole forward pass, in `--kv-dtype` if given, and a sliding window
+        // keeps only the last `sliding_window` tokens.
+        let (k, v) = if (c.causal || cross)
+            && c.kv_cache
+            && !torch_mha
+            && !(self.training() && self.s.checkpoint)
+        {
+            let mut copies = Vec::new();
+            for (t, what) in [(k, "key cache"), (v, "value cache")] {
+                let tv = self.val(t).clone();
+                let cv = if self.training() {
+                    let cache = self.storage(&tv.shape, tv.dtype, StorageKind::Activation, what)?;
+                    let cv = self.value(
+                        cache,
+                        tv.shape.clone(),
+                        tv.dtype,
+                        Layout::Contiguous,
+                        tv.requires_grad,
+                        false,
+                    );
+                    self.push(Step {
+                        op: "cat",
+                        inputs: vec![t],
+                        outputs: vec![cv],
+                        ..self.blank()
+                    });
+                    cv
+                } else {
+                    let mut dims = tv.shape.dims().to_vec();
+                    if let Some(w) = c.sliding_window {
+                        dims[2] = dims[2].min(w);
+                    }
+                    let dt = self.s.kv_dtype.unwrap_or(tv.dtype);
+                    let cache_shape = Shape::new(dims);
+                    let cache = self.storage(&cache_shape, dt, StorageKind::KvCache, what)?;
+                    self.tape.held.push(cache);
+                    if cache_shape == tv.shape && dt == tv.dtype {
+                        // Attention reads the cache itself.
+                        let cv = self.value(
+                            cache,
+                            tv.shape.clone(),
+                            tv.dtype,
+                            Layout::Contiguous,
+                            false,
+                            false,
+                        );
+                        self.push(Step {
+                            op: "cat",
+                            inputs: vec![t],
+                            outputs: vec![cv],
+                            ..self.blank()
+                        });
+                        cv
+                    } else {
+                        // A windowed or re-typed cache is written; attention reads this pass's K/V.
+                        self.push(Step {
+                            op: "cache_update",
+                            inputs: vec![t],
+                            allocs: vec![cache],
+                            ..self.blank()
+                        });
+                        t
+                    }
+                };
+                copies.push(cv);
+            }
+            (copies[0], copies[1])
+        } else {
+            (k, v)
+        };
+        let bias = if c.position_bias {
+            Some(self.position_bias.ok_or_else(|| self.err("`position_bias = true` needs a `relative_position_bias` layer earlier in the model".into()))?)
+        } else {
+            None
+        };
+        // `flash` models the fused kernel, which regenerates its dropout mask instead of keeping
+        // it. (PyTorch's CPU SDPA falls back to the math path, costing what eager does, when
+        // dropout is on: give such layers `--attention eager`.)
+        let fused = torch_mha || self.s.attention == AttentionImpl::Flash;
+        let ctx = if fused {
+            self.sdpa_flash(q, k, v, bias)?
+        } else {
+            self.sdpa_eager(q, k, v, c, bias)?
+        };
+        // Merge heads: transformers `transpose(1, 2).contiguous()`, nn.MultiheadAttention
+        // `permute(2, 0, 1, 3).contiguous()`; free when the output is already laid out so.
+        let cv = self.val(ctx).clone();
+        let free = if torch_mha {
+            cv.layout == Layout::SeqFirst
+        } else {
+            cv.layout == Layout::HeadsTransposed
+        };
+        let merged_shape = Shape::from([b, s, qd]);
+        let merged = if free {
+            let m = self.view_of(ctx, merged_shape, Layout::Contiguous);
+            self.push(Step {
+                op: "view",
+                inputs: vec![ctx],
+                outputs: vec![m],
+                view_grad: true,
+                ..self.blank()
+            });
+            m
+        } else {
+            let m = self.fresh(merged_shape, cv.dtype, "merged heads", cv.requires_grad)?;
+            self.push(Step {
+                op: "clone",
+                inputs: vec![ctx],
+                outputs: vec![m],
+                ..self.blank()
+            });
+            m
+        };
+        let y = self.projection(merged, qd, h, c.out_bias, train, "o")?;
+        if torch_mha {
+            // The [S, B, E] result is transposed back to batch-first: a strided view.
+            let yt = self.view_of(y, xv.shape.clone(), Layout::Strided);
+            self.push(Step {
+                op: "transpose",
+                inputs: vec![y],
+                outputs: vec![yt],
+                view_grad: true,
+                ..self.blank()
+            });
+            return Ok(yt);
+        }
+        Ok(y)
+    }
+
+    /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
+    /// shared `cos`/`sin` tables; the result is a new tensor in the input's (dense) layout.
+    pub(super) fn rope_apply(
+        &mut self,
+        t: ValueId,
+        cos: StorageId,
+        sin: StorageId,
+        concat: bool,
+    ) -> Result<ValueId, Error> {
+        let tv = self.val(t).clone();
+        let mut allocs = Vec::new();
+        for what in ["q*cos", "rotate_half", "rotate_half*sin"] {
+            allocs.push(self.storage(&tv.shape, tv.dtype, StorageKind::Activation, what)?);
+        }
+        // Elementwise results keep a dense input's layout and the dimension order of a strided
+        // one; `torch.cat` allocates a contiguous result.
+        let layout = match tv.layout {
+            _ if concat => Layout::Contiguous,
+            Layout::HeadsStrided => Layout::HeadsTransposed,
+            Layout::Strided | Layout::LastTwoSwapped => Layout::Contiguous,
+            l => l,
+        };
+        let ys = self.storage(&tv.shape, tv.dtype, StorageKind::Activation, "rotated")?;
+        let y = self.value(
+            ys,
+            tv.shape.clone(),
+            tv.dtype,
+            layout,
+            tv.requires_grad,
+            false,
+        );
+        self.push(Step {
+            op: "rotary",
+            inputs: vec![t],
+            outputs: vec![y],
+            allocs,
+            saves: vec![cos, sin],
+            ..self.blank()
+        });
+        Ok(y)
+    }
+
+    /// Scaled-dot-product attention through a fused kernel (flash): saves Q, K and V as passed,
+    /// the output, and a float32 log-sum-exp `[B, heads, S]`
+    /// (`derivatives.yaml` `_scaled_dot_product_flash_attention(_for_cpu)`). On the CPU the
+    /// output is allocated with the query's dimension order (`empty_like`); CUDA's kernels lay it
+    /// out `[B, S, heads, head_dim]`.
+    pub(super) fn sdpa_flash(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        bias: Option<ValueId>,
+    ) -> Result<ValueId, Error> {
+        let q = self.autocast_input(q)?;
+        let k = self.autocast_input(k)?;
+        let v = self.autocast_input(v)?;
+        let qv = self.val(q).clone();
+        let &[b, heads, s, _] = qv.shape.dims() else {
+            unreachable!("heads view is rank 4")
+        };
+        let rg = qv.requires_grad || self.rg(k) || self.rg(v);
+        let layout = match (self.s.device, qv.layout) {
+            (Device::Cuda, _) => Layout::HeadsTransposed,
+            (
+                Device::Cpu,
+                l @ (Layout::HeadsTransposed | Layout::SeqFirst | Layout::Contiguous),
+            ) => l,
+            (Device::Cpu, Layout::HeadsStrided) => Layout::HeadsTransposed,
+            (Device::Cpu, Layout::LastTwoSwapped | Layout::Strided) => Layout::Contiguous,
+        };
+        let out_s = self.storage(
+            &qv.shape,
+            qv.dtype,
+            StorageKind::Activation,
+            "attention output",
+        )?;
+        let out = self.value(out_s, qv.shape.clone(), qv.dtype, layout, rg, false);
+        let lse = self.storage(
+            &Shape::from([b, heads, s]),
+            DType::Float32,
+            StorageKind::Activation,
+            "logsumexp",
+        )?;
+        let mut saves = vec![qv.storage, self.sid(k), self.sid(v), out_s, lse];
+        let mut inputs = vec![q, k, v];
+        if let Some(bias) = bias {
+            // A float attention mask is kept too.
+            saves.push(self.sid(bias));
+            inputs.push(bias);
+        }
+        self.push(Step {
+            op: "scaled_dot_product_flash_attention",
+            inputs,
+            outputs: vec![out],
+            allocs: vec![lse],
+            saves,
+            ..self.blank()
+        });
+        Ok(out)
+    }
+
+    /// Eager attention as transformers writes it: `matmul(q, k^T)` (matmul copies non-contiguous
+    /// operands to `[B·heads, S, head_dim]` and `bmm` saves both), scale and mask, softmax (keeps
+    /// its output), dropout (keeps its mask or noise), `matmul(p, v)` (saves `p` and `v`).
+    pub(super) fn sdpa_eager(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        c: &AttnCfg,
+        bias: Option<ValueId>,
+    ) -> Result<ValueId, Error> {
+        let q = self.autocast_input(q)?;
+        let k = self.autocast_input(k)?;
+        let v = self.autocast_input(v)?;
+        let (k, v) = if c.kv_heads < c.heads {
+            (self.repeat_kv(k, c.heads)?, self.repeat_kv(v, c.heads)?)
+        } else {
+            (k, v)
+        };
+        let qv = self.val(q).clone();
+        let &[b, heads, s, hd] = qv.shape.dims() else {
+            unreachable!("heads view is rank 4")
+        };
+        let s_kv = self.val(k).shape.dims()[2];
+        let qm = self.contiguous(q)?;
+        let km = self.contiguous(k)?;
+        let rg = self.rg(qm) || self.rg(km);
+        let scores = self.fresh(Shape::from([b, heads, s, s_kv]), qv.dtype, "scores", rg)?;
+        let saves = vec![self.sid(qm), self.sid(km)];
+        self.push(Step {
+            op: "bmm",
+            inputs: vec![qm, km],
+            outputs: vec![scores],
+            saves,
+            ..self.blank()
+        });
+        let scaled = self.unary(scores, "mul", Keep::Nothing, false)?;
+        let masked = match bias {
+            Some(bias) => self.add(&[scaled, bias], false)?,
+            None if c.causal => self.unary(scaled, "add", Keep::Nothing, false)?,
+            None => scaled,
+        };
+        let probs = self.unary(masked, "_softmax", Keep::Output, false)?;
+        let probs = self.dropout(probs, c.dropout, false)?;
+        let vm = self.contiguous(v)?;
+        let rg = self.rg(probs) || self.rg(vm);
+        let ctx = self.fresh(Shape::from([b, heads, s, hd]), qv.dtype, "context", rg)?;
+        let saves = vec![self.sid(probs), self.sid(vm)];
+        self.push(Step {
+            op: "bmm",
+            inputs: vec![probs, vm],
+            outputs: vec![ctx],
+            saves,
+            ..self.blank()
+        });
+        Ok(ctx)
+    }
+
+    /// transformers' `repeat_kv`: `expand` then `reshape`, a copy at full head count.
+    pub(super) fn repeat_kv(&mut self, t: ValueId, heads: u64) -> Result<ValueId, Error> {
+        let tv = self.val(t).clone();
+        let &[b, _, s, hd] = tv.shape.dims() else {
+            unreachable!("heads view is rank 4")
+        };
+        let y = self.fresh(
+            Shape::from([b, heads, s, hd]),
+            tv.dtype,
+            "repeated kv",
+            tv.requires_grad,
+        )?;
+        self.push(Step {
+            op: "repeat_kv",
+            inputs: vec![t],
+            outputs: vec![y],
+            ..self.blank()
+        });
+        Ok(y)
+    }
+}
+
+pub(super) struct AttnCfg {
+    pub(super) qk_norm: bool,
+    pub(super) position_bias: bool,
+    pub(super) sliding_window: Option<u64>,
+    pub(super) style: AttnStyle,
+    pub(super) kv_cache: bool,
+    pub(super) heads: u64,
+    pub(super) kv_heads: u64,
+    pub(super) head_dim: Option<u64>,
+    pub(super) causal: bool,
+    pub(super) bias: bool,
+    pub(super) out_bias: bool,
+    pub(super) fused_qkv: bool,
+    pub(super) rotary: bool,
+    pub(super) dropout: f64,
+}

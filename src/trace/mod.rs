@@ -1,0 +1,744 @@
+//! Tracing: the model's forward pass as PyTorch runs it, operator by operator.
+//!
+//! [`trace`] walks the [`Model`] with concrete [`Settings`], infers every shape, and records a
+//! [`Tape`]: the tensors (storages) each ATen-level operator allocates, which of them autograd
+//! saves for backward, and which inputs receive gradients. The rules for what is saved follow
+//! `tools/autograd/derivatives.yaml` in pytorch/pytorch and the module code of torchvision and
+//! transformers; each rule cites its source where it is defined. The step simulation
+//! ([`crate::sim`]) replays the tape to find the peak.
+//!
+//! Repeated blocks are traced once per copy, each copy with fresh storages and its own
+//! parameters; the graph itself is never expanded.
+
+mod attention;
+mod elementwise;
+mod moe;
+mod ops;
+mod params;
+
+use std::collections::HashMap;
+
+use attention::AttnCfg;
+use elementwise::Keep;
+use moe::MoeCfg;
+
+use serde::Serialize;
+
+use crate::dtype::DType;
+use crate::error::{Error, LayerError};
+use crate::graph::{Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op};
+use crate::settings::{AttentionImpl, Device, Quant, Settings};
+use crate::shape::Shape;
+use crate::spec::{DimSpec, Pair};
+
+/// Index of a storage in [`Tape::storages`].
+pub type StorageId = usize;
+/// Index of a value in [`Tape::values`].
+pub type ValueId = usize;
+
+/// Upper bound on traced operators (after repeating blocks), so that an absurd `count` is an
+/// error rather than a hang.
+pub const MAX_STEPS: usize = 2_000_000;
+
+/// What a storage holds, for the breakdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageKind {
+    /// A parameter.
+    Parameter,
+    /// A buffer (BatchNorm running statistics, position-id and rotary tables).
+    Buffer,
+    /// The input batch and its labels.
+    Input,
+    /// Anything the forward pass computes.
+    Activation,
+    /// Keys and values cached by causal attention in inference (transformers' `use_cache`).
+    KvCache,
+}
+
+/// One allocation.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    /// Size in bytes: numel × element size.
+    pub bytes: u64,
+    /// Category.
+    pub kind: StorageKind,
+    /// What it is, e.g. `output`, `dropout noise`, `mean`.
+    pub what: &'static str,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape at allocation.
+    pub shape: Shape,
+    /// Layer that allocated it (index into [`Tape::layers`]).
+    pub layer: usize,
+}
+
+/// Memory layout of a value, which decides whether `reshape`/`matmul` must copy it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Row-major contiguous.
+    Contiguous,
+    /// Contiguous after swapping the last two dimensions (`k.transpose(-1, -2)`).
+    LastTwoSwapped,
+    /// `[B, heads, S, head_dim]` laid out as `[B, S, heads, head_dim]` (heads split out of a
+    /// `[B, S, H]` projection by `view` + `transpose(1, 2)`): dense, but not contiguous.
+    HeadsTransposed,
+    /// `[B, heads, S, head_dim]` laid out as `[S, B, heads, head_dim]` (nn.MultiheadAttention's
+    /// sequence-first packing): dense, but not contiguous.
+    SeqFirst,
+    /// `[B, heads, S, head_dim]` heads split out of a fused QKV projection `[B, S, 3H]`: the
+    /// dimension order of [`Layout::HeadsTransposed`], with gaps between rows.
+    HeadsStrided,
+    /// Any other strided view.
+    Strided,
+}
+
+/// A tensor as an operator sees it: a view of a storage.
+#[derive(Clone, Debug)]
+pub struct Value {
+    /// Backing storage.
+    pub storage: StorageId,
+    /// Shape of the view.
+    pub shape: Shape,
+    /// Element type.
+    pub dtype: DType,
+    /// Layout.
+    pub layout: Layout,
+    /// Whether autograd tracks it.
+    pub requires_grad: bool,
+    /// Set when the value is a parameter (its gradient goes to `.grad`).
+    pub param: bool,
+}
+
+/// One operator in forward order.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Layer it belongs to (index into [`Tape::layers`]).
+    pub layer: usize,
+    /// ATen-level name, e.g. `addmm`, `native_layer_norm`.
+    pub op: &'static str,
+    /// Values read.
+    pub inputs: Vec<ValueId>,
+    /// Values produced.
+    pub outputs: Vec<ValueId>,
+    /// Storages allocated by this operator.
+    pub allocs: Vec<StorageId>,
+    /// Storages autograd saves for its backward.
+    pub saves: Vec<StorageId>,
+    /// Inputs that receive a gradient in backward.
+    pub grads: Vec<ValueId>,
+    /// The backward hands a view of the output's gradient to the input (views, reshapes).
+    pub view_grad: bool,
+    /// Checkpointed segment the step belongs to.
+    pub segment: Option<usize>,
+}
+
+/// Per-layer facts for reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerInfo {
+    /// Dotted path, e.g. `blocks.attn`.
+    pub path: String,
+    /// Layer name.
+    pub name: String,
+    /// Kind.
+    pub kind: String,
+    /// Copies (product of enclosing repeat counts).
+    pub repeat: u64,
+    /// Output shape (of one copy).
+    pub output_shape: Shape,
+    /// Parameters of one copy.
+    pub params: u64,
+    /// Parameter bytes of one copy.
+    pub parameter_bytes: u64,
+    /// Buffer bytes of one copy.
+    pub buffer_bytes: u64,
+}
+
+/// A parameter tensor.
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// Shape.
+    pub shape: Shape,
+    /// Elements.
+    pub numel: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Trains (has a gradient and optimizer state).
+    pub trainable: bool,
+    /// Its value.
+    pub value: ValueId,
+    /// Storage dtype name: a dtype, or a quantization format (`nf4`, `int8`, `int4`, `fp8`).
+    pub dtype_name: &'static str,
+}
+
+/// A checkpointed range of steps (one copy of a repeated block under `--checkpoint`).
+#[derive(Clone, Debug)]
+pub struct Segment {
+    /// First step index.
+    pub start: usize,
+    /// One past the last step index.
+    pub end: usize,
+    /// The block input the checkpoint saves.
+    pub input: StorageId,
+}
+
+/// The traced forward pass.
+#[derive(Clone, Debug, Default)]
+pub struct Tape {
+    /// Every storage.
+    pub storages: Vec<Storage>,
+    /// Every value.
+    pub values: Vec<Value>,
+    /// Parameter tensors (tied weights once).
+    pub params: Vec<Param>,
+    /// Operators in forward order.
+    pub steps: Vec<Step>,
+    /// Layers, in the order first traced.
+    pub layers: Vec<LayerInfo>,
+    /// Storages the caller keeps until the step ends: the model output and the loss.
+    pub held: Vec<StorageId>,
+    /// Checkpointed segments.
+    pub segments: Vec<Segment>,
+    /// Shape of the input batch.
+    pub input_shape: Shape,
+    /// Whether the model ends in a loss layer.
+    pub has_loss: bool,
+}
+
+/// Traces `model` under `settings`.
+///
+/// # Errors
+/// [`Error::Layer`] for a shape mismatch or a layer that cannot apply to its input (naming the
+/// layer, the shapes and what was expected), [`Error::Setting`] for a `"seq"` input without a
+/// sequence length, [`Error::Overflow`] when a size does not fit in 64 bits.
+pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
+    let mut t = Tracer {
+        s: settings,
+        tape: Tape::default(),
+        layer_index: HashMap::new(),
+        cast_cache: HashMap::new(),
+        embeddings: HashMap::new(),
+        rope: None,
+        cur_layer: 0,
+        segment: None,
+        label: String::new(),
+        quantized: std::collections::HashSet::new(),
+        position_bias: None,
+    };
+    let mut dims = vec![settings.batch];
+    for d in &model.input_dims {
+        dims.push(match d {
+            DimSpec::Fixed(v) => *v,
+            DimSpec::Seq => settings.seq.ok_or_else(|| {
+                Error::Setting("the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq".into())
+            })?,
+        });
+    }
+    let shape = Shape::new(dims);
+    let dtype = match model.input_dtype {
+        Some(d) if !d.is_float() => d,
+        _ => settings.amp.map_or(settings.dtype, |_| DType::Float32),
+    };
+    t.tape.input_shape = shape.clone();
+    t.layer_index.insert(String::from("<input>"), 0);
+    t.tape.layers.push(LayerInfo {
+        path: INPUT.into(),
+        name: INPUT.into(),
+        kind: "input".into(),
+        repeat: 1,
+        output_shape: shape.clone(),
+        params: 0,
+        parameter_bytes: 0,
+        buffer_bytes: 0,
+    });
+    let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
+    let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
+    let mut scopes = vec![HashMap::from([(INPUT.to_string(), input)])];
+    let out = t.layers(&model.layers, input, &mut scopes, "", 1)?;
+    if !t.tape.has_loss {
+        let v = &t.tape.values[out];
+        t.tape.held.push(v.storage);
+        if settings.training() {
+            // `out.sum()`: its backward expands a scalar gradient, allocating nothing.
+            let loss = t.fresh(Shape::default(), v.dtype, "loss", true)?;
+            t.push(Step {
+                op: "sum",
+                inputs: vec![out],
+                outputs: vec![loss],
+                view_grad: true,
+                ..t.blank()
+            });
+            t.tape.held.push(t.tape.values[loss].storage);
+        }
+    }
+    Ok(t.tape)
+}
+
+struct Tracer<'a> {
+    s: &'a Settings,
+    tape: Tape,
+    layer_index: HashMap<String, usize>,
+    /// Autocast's cache of lower-precision weight copies, one per parameter per forward.
+    cast_cache: HashMap<ValueId, ValueId>,
+    /// Embedding weights by layer name, for `tie`.
+    embeddings: HashMap<String, ValueId>,
+    /// `cos` and `sin` tables from the last rotary layer.
+    rope: Option<(StorageId, StorageId, bool)>,
+    cur_layer: usize,
+    segment: Option<usize>,
+    label: String,
+    /// Quantized weight values (their matmuls dequantize a transient copy).
+    quantized: std::collections::HashSet<ValueId>,
+    /// The relative position bias of the current stack (T5).
+    position_bias: Option<ValueId>,
+}
+
+fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {
+    v.ok_or_else(|| Error::Overflow(what.to_string()))
+}
+
+impl Tracer<'_> {
+    fn blank(&self) -> Step {
+        Step {
+            layer: self.cur_layer,
+            op: "",
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            allocs: Vec::new(),
+            saves: Vec::new(),
+            grads: Vec::new(),
+            view_grad: false,
+            segment: self.segment,
+        }
+    }
+
+    fn err(&self, message: String) -> Error {
+        Error::Layer(LayerError {
+            layer: self.label.clone(),
+            message,
+        })
+    }
+
+    fn training(&self) -> bool {
+        self.s.training()
+    }
+
+    /// The dtype activations are computed in outside autocast regions.
+    fn act_dtype(&self) -> DType {
+        self.s.dtype
+    }
+
+    /// The dtype of parameters: float32 under autocast, else the model dtype.
+    fn param_dtype(&self) -> DType {
+        if self.s.amp.is_some() {
+            DType::Float32
+        } else {
+            self.s.dtype
+        }
+    }
+
+    fn storage(
+        &mut self,
+        shape: &Shape,
+        dtype: DType,
+        kind: StorageKind,
+        what: &'static str,
+    ) -> Result<StorageId, Error> {
+        let numel = checked(shape.numel(), &format!("the element count of {shape}"))?;
+        let bytes = checked(
+            dtype.bytes_for(numel),
+            &format!("the bytes of a {dtype} tensor of shape {shape}"),
+        )?;
+        self.tape.storages.push(Storage {
+            bytes,
+            kind,
+            what,
+            dtype,
+            shape: shape.clone(),
+            layer: self.cur_layer,
+        });
+        Ok(self.tape.storages.len() - 1)
+    }
+
+    fn value(
+        &mut self,
+        storage: StorageId,
+        shape: Shape,
+        dtype: DType,
+        layout: Layout,
+        requires_grad: bool,
+        param: bool,
+    ) -> ValueId {
+        self.tape.values.push(Value {
+            storage,
+            shape,
+            dtype,
+            layout,
+            requires_grad,
+            param,
+        });
+        self.tape.values.len() - 1
+    }
+
+    /// A new contiguous activation.
+    fn fresh(
+        &mut self,
+        shape: Shape,
+        dtype: DType,
+        what: &'static str,
+        requires_grad: bool,
+    ) -> Result<ValueId, Error> {
+        let s = self.storage(&shape, dtype, StorageKind::Activation, what)?;
+        Ok(self.value(s, shape, dtype, Layout::Contiguous, requires_grad, false))
+    }
+
+    /// A view of `v` (same storage).
+    fn view_of(&mut self, v: ValueId, shape: Shape, layout: Layout) -> ValueId {
+        let src = self.tape.values[v].clone();
+        self.value(
+            src.storage,
+            shape,
+            src.dtype,
+            layout,
+            src.requires_grad,
+            false,
+        )
+    }
+
+    fn val(&self, v: ValueId) -> &Value {
+        &self.tape.values[v]
+    }
+
+    fn sid(&self, v: ValueId) -> StorageId {
+        self.tape.values[v].storage
+    }
+
+    fn rg(&self, v: ValueId) -> bool {
+        self.tape.values[v].requires_grad
+    }
+
+    /// Records a step. Outside training, or when nothing it reads requires a gradient, autograd
+    /// records no node: nothing is saved and no gradient flows.
+    fn push(&mut self, mut step: Step) {
+        let records = self.training() && step.inputs.iter().any(|&v| self.rg(v));
+        if records {
+            step.grads = step
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&v| self.rg(v) && self.val(v).dtype.is_float())
+                .collect();
+            step.grads.dedup();
+        } else {
+            step.saves.clear();
+            step.grads.clear();
+        }
+        for &o in &step.outputs {
+            let s = self.tape.values[o].storage;
+            let fresh = !step
+                .inputs
+                .iter()
+                .any(|&i| self.tape.values[i].storage == s);
+            if fresh && !step.allocs.contains(&s) {
+                step.allocs.push(s);
+            }
+        }
+        step.saves.sort_unstable();
+        step.saves.dedup();
+        self.tape.steps.push(step);
+    }
+
+    /// Under autocast, a lower-precision op reads a 16-bit copy of a float32 input
+    /// (`aten::_to_copy`); the copy is a new tensor that the op may save.
+    fn autocast_input(&mut self, v: ValueId) -> Result<ValueId, Error> {
+        let Some(amp) = self.s.amp else { return Ok(v) };
+        let val = self.val(v).clone();
+        if !val.dtype.is_float() || val.dtype == amp.dtype() {
+            return Ok(v);
+        }
+        if let Some(&c) = self.cast_cache.get(&v).filter(|_| val.param) {
+            return Ok(c);
+        }
+        let out = self.fresh(
+            val.shape.clone(),
+            amp.dtype(),
+            if val.param {
+                "weight copy"
+            } else {
+                "input copy"
+            },
+            val.requires_grad,
+        )?;
+        self.push(Step {
+            op: "_to_copy",
+            inputs: vec![v],
+            outputs: vec![out],
+            ..self.blank()
+        });
+        if val.param {
+            self.cast_cache.insert(v, out);
+        }
+        Ok(out)
+    }
+
+    /// Casts to float32 for autocast's float32 ops and transformers' `.float()` upcasts.
+    fn upcast_f32(&mut self, v: ValueId) -> Result<ValueId, Error> {
+        let val = self.val(v).clone();
+        if val.dtype == DType::Float32 || !val.dtype.is_float() {
+            return Ok(v);
+        }
+        let out = self.fresh(
+            val.shape.clone(),
+            DType::Float32,
+            "float32 copy",
+            val.requires_grad,
+        )?;
+        self.push(Step {
+            op: "_to_copy",
+            inputs: vec![v],
+            outputs: vec![out],
+            ..self.blank()
+        });
+        Ok(out)
+    }
+
+    /// Whether autocast runs norms and softmax in float32 here (CUDA's autocast lists them;
+    /// CPU autocast lets them run in the input's dtype).
+    fn autocast_f32_norms(&self) -> bool {
+        self.s.amp.is_some() && self.s.device == Device::Cuda
+    }
+
+    /// A copy made contiguous (by `reshape`, `matmul` or `.contiguous()`).
+    fn contiguous(&mut self, v: ValueId) -> Result<ValueId, Error> {
+        let val = self.val(v).clone();
+        if val.layout == Layout::Contiguous {
+            return Ok(v);
+        }
+        let out = self.fresh(
+            val.shape.clone(),
+            val.dtype,
+            "contiguous copy",
+            val.requires_grad,
+        )?;
+        self.push(Step {
+            op: "clone",
+            inputs: vec![v],
+            outputs: vec![out],
+            ..self.blank()
+        });
+        Ok(out)
+    }
+
+    fn layers(
+        &mut self,
+        layers: &[Layer],
+        input: ValueId,
+        scopes: &mut Vec<HashMap<String, ValueId>>,
+        prefix: &str,
+        repeat: u64,
+    ) -> Result<ValueId, Error> {
+        let mut prev = input;
+        for (i, layer) in layers.iter().enumerate() {
+            self.label.clone_from(&layer.label);
+            let inputs: Vec<ValueId> = layer
+                .inputs
+                .iter()
+                .map(|r| match r {
+                    InputRef::Previous => prev,
+                    InputRef::Named(n) => scopes
+                        .iter()
+                        .rev()
+                        .find_map(|s| s.get(n))
+                        .copied()
+                        .expect("graph::build checked input names"),
+                })
+                .collect();
+            if self.tape.has_loss {
+                return Err(
+                    self.err("a layer follows the loss: the loss must be the last layer".into())
+                );
+            }
+            let path = if prefix.is_empty() {
+                layer.name.clone()
+            } else {
+                format!("{prefix}.{}", layer.name)
+            };
+            let out = match &layer.node {
+                Node::Op(op) => {
+                    self.enter_layer(layer, &path, repeat);
+                    let out = self.op(op, layer, &inputs)?;
+                    self.tape.layers[self.cur_layer].output_shape = self.val(out).shape.clone();
+                    out
+                }
+                Node::Repeat { count, body } => {
+                    self.enter_layer(layer, &path, repeat);
+                    let copies =
+                        checked(repeat.checked_mul(*count), "the number of repeated copies")?;
+                    let mut x = inputs[0];
+                    for _ in 0..*count {
+                        if self.tape.steps.len() > MAX_STEPS {
+                            self.label.clone_from(&layer.label);
+                            return Err(self.err(format!("the model traces to more than {MAX_STEPS} operators after repeating blocks; lower `count`")));
+                        }
+                        let before = self.val(x).clone();
+                        let seg_start = self.tape.steps.len();
+                        let checkpoint =
+                            self.s.checkpoint && self.training() && self.segment.is_none();
+                        if checkpoint {
+                            self.segment = Some(self.tape.segments.len());
+                            self.tape.segments.push(Segment {
+                                start: seg_start,
+                                end: seg_start,
+                                input: before.storage,
+                            });
+                        }
+                        scopes.push(HashMap::from([(INPUT.to_string(), x)]));
+                        let y = self.layers(body, x, scopes, &path, copies);
+                        scopes.pop();
+                        let y = y?;
+                        // The block's Python frame holds its input (`identity = x`) until it
+                        // returns: keep it alive to the end of the block.
+                        let keep = Step {
+                            op: "return",
+                            inputs: vec![x],
+                            ..self.blank()
+                        };
+                        self.tape.steps.push(keep);
+                        if checkpoint {
+                            let seg = self.segment.take().expect("set above");
+                            self.tape.segments[seg].end = self.tape.steps.len();
+                        }
+                        let after = self.val(y);
+                        if *count > 1
+                            && (after.shape != before.shape || after.dtype != before.dtype)
+                        {
+                            let (s2, d2) = (after.shape.clone(), after.dtype);
+                            self.label.clone_from(&layer.label);
+                            return Err(self.err(format!(
+                                "a repeated block must keep its input's shape and dtype: input {} {}, output {s2} {d2}",
+                                before.shape, before.dtype
+                            )));
+                        }
+                        x = y;
+                    }
+                    self.label.clone_from(&layer.label);
+                    let idx = self.layer_index[&layer.label];
+                    self.tape.layers[idx].output_shape = self.val(x).shape.clone();
+                    x
+                }
+            };
+            let _ = i;
+            scopes
+                .last_mut()
+                .expect("scope")
+                .insert(layer.name.clone(), out);
+            prev = out;
+        }
+        Ok(prev)
+    }
+
+    fn enter_layer(&mut self, layer: &Layer, path: &str, repeat: u64) {
+        let key = layer.label.clone();
+        self.cur_layer = match self.layer_index.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.tape.layers.push(LayerInfo {
+                    path: path.to_string(),
+                    name: layer.name.clone(),
+                    kind: layer.kind.as_str().to_string(),
+                    repeat,
+                    output_shape: Shape::default(),
+                    params: 0,
+                    parameter_bytes: 0,
+                    buffer_bytes: 0,
+                });
+                let i = self.tape.layers.len() - 1;
+                self.layer_index.insert(key, i);
+                i
+            }
+        };
+    }
+
+    /// Records this layer's parameter and buffer figures (for one copy) the first time it is
+    /// traced.
+    fn note_params(&mut self, first_param: usize, first_storage: usize) {
+        let params = &self.tape.params[first_param..];
+        let numel: u64 = params.iter().map(|p| p.numel).sum();
+        let bytes: u64 = params.iter().map(|p| p.bytes).sum();
+        let buffers: u64 = self.tape.storages[first_storage..]
+            .iter()
+            .filter(|s| s.kind == StorageKind::Buffer)
+            .map(|s| s.bytes)
+            .sum();
+        let info = &mut self.tape.layers[self.cur_layer];
+        info.params = numel;
+        info.parameter_bytes = bytes;
+        info.buffer_bytes = buffers;
+    }
+
+    fn op(&mut self, op: &Op, layer: &Layer, inputs: &[ValueId]) -> Result<ValueId, Error> {
+        let first_param = self.tape.params.len();
+        let first_storage = self.tape.storages.len();
+        let out = self.op_inner(op, layer, inputs)?;
+        self.note_params(first_param, first_storage);
+        Ok(out)
+    }
+}
+
+/// NumPy-style broadcast of two shapes.
+fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
+    let (a, b) = (a.dims(), b.dims());
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return None;
+        };
+    }
+    Some(Shape::new(out))
+}
+
+/// Type promotion of two float dtypes (the wider wins).
+fn promote(a: DType, b: DType) -> DType {
+    if a == b {
+        a
+    } else if a.is_float() && b.is_float() {
+        if a.bits() >= b.bits() { a } else { b }
+    } else if a.is_float() {
+        a
+    } else {
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_rules() {
+        assert_eq!(
+            broadcast(&Shape::from([4, 197, 768]), &Shape::from([1, 197, 768])),
+            Some(Shape::from([4, 197, 768]))
+        );
+        assert_eq!(
+            broadcast(&Shape::from([4, 3]), &Shape::from([3])),
+            Some(Shape::from([4, 3]))
+        );
+        assert_eq!(broadcast(&Shape::from([4, 3]), &Shape::from([2])), None);
+    }
+}

@@ -1,0 +1,233 @@
+//! Sparse mixture-of-experts layers (`grouped_mm` experts).
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+impl Tracer<'_> {
+    /// A sparse MoE block as transformers 5 runs it with `grouped_mm` experts
+    /// (`MixtralSparseMoeBlock`, `integrations/moe.py`). With `T = B·S` tokens and `T·k` routed
+    /// rows (routing assumed balanced), it keeps: the router input; the float32 softmax `[T, E]`;
+    /// the top-k indices (int64 `[T, k]`); with renormalization the float32 sum `[T, 1]` and a
+    /// clone of the top-k weights; the sort permutation, its `// k` and its inverse (int64
+    /// `[T·k]` each); the gathered rows `[T·k, H]` and the int32 expert offsets `[E]`; the fused
+    /// gate/up output `[T·k, 2I]`, the SiLU output and the gated product `[T·k, I]`; the down
+    /// output `[T·k, H]` and the routing weights `[T·k, 1]`. A shared expert is a dense SiLU-gated
+    /// MLP on every token, optionally scaled by `sigmoid(x·w_gate)`.
+    pub(super) fn moe(&mut self, x: ValueId, c: &MoeCfg, train: bool) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let &[b, s, h] = xv.shape.dims() else {
+            return Err(self.err(format!(
+                "input {} has rank {}, expected [batch, seq, hidden]",
+                xv.shape,
+                xv.shape.rank()
+            )));
+        };
+        let a = xv.dtype;
+        let t = checked(b.checked_mul(s), "the token count")?;
+        let tk = checked(t.checked_mul(c.top_k), "the routed row count")?;
+        // Router.
+        let logits = self.projection(x, h, c.experts, false, train, "gate")?;
+        let lf = self.upcast_f32(logits)?;
+        let probs = self.unary(lf, "_softmax", Keep::Output, false)?;
+        let rg = self.rg(probs);
+        let topv = self.fresh(
+            Shape::from([t, c.top_k]),
+            DType::Float32,
+            "top-k weights",
+            rg,
+        )?;
+        let idx = self.storage(
+            &Shape::from([t, c.top_k]),
+            DType::Int64,
+            StorageKind::Activation,
+            "top-k indices",
+        )?;
+        self.push(Step {
+            op: "topk",
+            inputs: vec![probs],
+            outputs: vec![topv],
+            allocs: vec![idx],
+            saves: vec![idx],
+            ..self.blank()
+        });
+        let weights = if c.normalize {
+            let sum = self.storage(
+                &Shape::from([t, 1]),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k sum",
+            )?;
+            let clone = self.storage(
+                &Shape::from([t, c.top_k]),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k weights clone",
+            )?;
+            let y = self.view_of(topv, Shape::from([t, c.top_k]), Layout::Contiguous);
+            self.push(Step {
+                op: "div_",
+                inputs: vec![topv],
+                outputs: vec![y],
+                allocs: vec![sum, clone],
+                saves: vec![sum, clone],
+                ..self.blank()
+            });
+            y
+        } else {
+            topv
+        };
+        let w_act = if a == DType::Float32 {
+            weights
+        } else {
+            let y = self.fresh(
+                Shape::from([t, c.top_k]),
+                a,
+                "routing weights",
+                self.rg(weights),
+            )?;
+            self.push(Step {
+                op: "_to_copy",
+                inputs: vec![weights],
+                outputs: vec![y],
+                ..self.blank()
+            });
+            y
+        };
+        // Dispatch: sort rows by expert, gather them.
+        let mut index = Vec::new();
+        for what in ["perm // k", "perm", "inverse perm"] {
+            index.push(self.storage(
+                &Shape::from([tk]),
+                DType::Int64,
+                StorageKind::Activation,
+                what,
+            )?);
+        }
+        let offsets = self.storage(
+            &Shape::from([c.experts]),
+            DType::Int32,
+            StorageKind::Activation,
+            "expert offsets",
+        )?;
+        let gathered = self.fresh(Shape::from([tk, h]), a, "gathered tokens", xv.requires_grad)?;
+        self.push(Step {
+            op: "index",
+            inputs: vec![x],
+            outputs: vec![gathered],
+            allocs: vec![index[0], index[1], index[2], offsets],
+            saves: vec![index[0], index[1], index[2], offsets],
+            ..self.blank()
+        });
+        let ws = self.fresh(
+            Shape::from([tk, 1]),
+            a,
+            "sorted routing weights",
+            self.rg(w_act),
+        )?;
+        self.push(Step {
+            op: "index",
+            inputs: vec![w_act],
+            outputs: vec![ws],
+            ..self.blank()
+        });
+        // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
+        let w_gu = self.weight(Shape::from([c.experts, 2 * c.inter, h]), train, true)?;
+        let w_down = self.weight(Shape::from([c.experts, h, c.inter]), train, true)?;
+        let gu = self.grouped_mm(gathered, w_gu, Shape::from([tk, 2 * c.inter]), offsets)?;
+        let gate = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
+        let up = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
+        self.push(Step {
+            op: "chunk",
+            inputs: vec![gu],
+            outputs: vec![gate, up],
+            ..self.blank()
+        });
+        let act = self.unary(gate, "silu", Keep::Input, false)?;
+        let prod = self.mul(act, up)?;
+        let down = self.grouped_mm(prod, w_down, Shape::from([tk, h]), offsets)?;
+        let weighted = self.mul(down, ws)?;
+        let scattered = self.fresh(Shape::from([tk, h]), a, "unsorted rows", self.rg(weighted))?;
+        self.push(Step {
+            op: "index",
+            inputs: vec![weighted],
+            outputs: vec![scattered],
+            saves: vec![index[2]],
+            ..self.blank()
+        });
+        let rg = self.rg(scattered);
+        let out = self.fresh(xv.shape.clone(), a, "output", rg)?;
+        self.push(Step {
+            op: "sum",
+            inputs: vec![scattered],
+            outputs: vec![out],
+            ..self.blank()
+        });
+        if c.shared == 0 {
+            return Ok(out);
+        }
+        // Shared expert (Qwen-MoE).
+        let g = self.projection(x, h, c.shared, false, train, "shared_expert.gate_proj")?;
+        let g = self.unary(g, "silu", Keep::Input, false)?;
+        let u = self.projection(x, h, c.shared, false, train, "shared_expert.up_proj")?;
+        let p = self.mul(g, u)?;
+        let mut shared =
+            self.projection(p, c.shared, h, false, train, "shared_expert.down_proj")?;
+        if c.shared_gate {
+            let sg = self.projection(x, h, 1, false, train, "shared_expert_gate")?;
+            let sg = self.unary(sg, "sigmoid", Keep::Output, false)?;
+            shared = self.mul(sg, shared)?;
+        }
+        self.add(&[out, shared], false)
+    }
+
+    /// `torch._grouped_mm(rows, weights, offs)`: keeps its input rows and the offsets (and the
+    /// weights, which are parameters).
+    pub(super) fn grouped_mm(
+        &mut self,
+        rows: ValueId,
+        w: ValueId,
+        out_shape: Shape,
+        offsets: StorageId,
+    ) -> Result<ValueId, Error> {
+        let rows = self.autocast_input(rows)?;
+        let wc = self.autocast_input(w)?;
+        let rv = self.val(rows).clone();
+        let rg = rv.requires_grad || self.rg(wc);
+        let y = self.fresh(out_shape, rv.dtype, "output", rg)?;
+        let mut saves = vec![offsets];
+        if self.rg(wc) {
+            saves.push(rv.storage);
+        }
+        if rv.requires_grad {
+            saves.push(self.sid(wc));
+        }
+        let mut allocs = Vec::new();
+        if self.quantized.contains(&w) {
+            let ws = self.val(w).shape.clone();
+            allocs.push(self.storage(
+                &ws,
+                rv.dtype,
+                StorageKind::Activation,
+                "dequantized weight",
+            )?);
+        }
+        self.push(Step {
+            op: "_grouped_mm",
+            inputs: vec![rows, wc],
+            outputs: vec![y],
+            allocs,
+            saves,
+            ..self.blank()
+        });
+        Ok(y)
+    }
+}
+
+pub(super) struct MoeCfg {
+    pub(super) experts: u64,
+    pub(super) top_k: u64,
+    pub(super) inter: u64,
+    pub(super) shared: u64,
+    pub(super) shared_gate: bool,
+    pub(super) normalize: bool,
+}

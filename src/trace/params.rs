@@ -1,0 +1,185 @@
+//! Parameters, buffers, quantized weights and LoRA adapters.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+impl Tracer<'_> {
+    /// A new parameter tensor of this layer.
+    /// A new parameter tensor of this layer. With LoRA the base model is frozen.
+    pub(super) fn param(&mut self, shape: Shape, trainable: bool) -> Result<ValueId, Error> {
+        let trainable = trainable && self.s.lora.is_none();
+        self.param_as(shape, trainable, None)
+    }
+
+    /// A LoRA adapter matrix: trains even though the base is frozen. PEFT keeps adapters in
+    /// float32 when the base is 16-bit (`autocast_adapter_dtype=True`).
+    pub(super) fn adapter_param(&mut self, shape: Shape) -> Result<ValueId, Error> {
+        let dtype = match self.param_dtype() {
+            DType::Float16 | DType::Bfloat16 => DType::Float32,
+            d => d,
+        };
+        self.param_typed(shape, true, None, dtype)
+    }
+
+    /// A linear projection's weight `[out, in]`: quantized under `--dtype nf4|int8|int4|fp8`
+    /// when `quantizable` (quantized weights are frozen, as bitsandbytes' `Params4bit` are).
+    pub(super) fn weight(
+        &mut self,
+        shape: Shape,
+        trainable: bool,
+        quantizable: bool,
+    ) -> Result<ValueId, Error> {
+        match self.s.quant.filter(|_| quantizable) {
+            Some(q) => {
+                let v = self.param_as(shape, false, Some(q))?;
+                self.quantized.insert(v);
+                Ok(v)
+            }
+            None => self.param(shape, trainable),
+        }
+    }
+
+    pub(super) fn param_as(
+        &mut self,
+        shape: Shape,
+        trainable: bool,
+        quant: Option<Quant>,
+    ) -> Result<ValueId, Error> {
+        let dtype = self.param_dtype();
+        self.param_typed(shape, trainable, quant, dtype)
+    }
+
+    pub(super) fn param_typed(
+        &mut self,
+        shape: Shape,
+        trainable: bool,
+        quant: Option<Quant>,
+        dtype: DType,
+    ) -> Result<ValueId, Error> {
+        let numel = checked(shape.numel(), "a parameter's element count")?;
+        let s = self.storage(&shape, dtype, StorageKind::Parameter, "parameter")?;
+        let (bytes, dtype_name) = match quant {
+            None => (self.tape.storages[s].bytes, dtype.as_str()),
+            Some(q) => (
+                checked(quantized_bytes(q, &shape), "quantized weight bytes")?,
+                q.name(),
+            ),
+        };
+        self.tape.storages[s].bytes = bytes;
+        let v = self.value(s, shape.clone(), dtype, Layout::Contiguous, trainable, true);
+        self.tape.params.push(Param {
+            shape,
+            numel,
+            bytes,
+            trainable,
+            value: v,
+            dtype_name,
+        });
+        Ok(v)
+    }
+
+    /// Whether LoRA targets a projection (`q`, `k`, `v`, `o`, `qkv` for fused ones) or a linear
+    /// layer by name: a target matches the name's last segment, or that segment minus `_proj`.
+    pub(super) fn lora_targeted(&self, target: &str) -> bool {
+        let Some(lora) = &self.s.lora else {
+            return false;
+        };
+        let last = target.rsplit('.').next().unwrap_or(target);
+        lora.targets.iter().any(|t| {
+            t == target
+                || t == last
+                || last.strip_suffix("_proj") == Some(t.as_str())
+                || (target == "qkv"
+                    && matches!(
+                        t.as_str(),
+                        "q" | "k" | "v" | "c_attn" | "in_proj" | "qkv_proj"
+                    ))
+        })
+    }
+
+    /// PEFT's LoRA on a targeted projection: `y + B(A(x)) · scaling` with trainable
+    /// `A: [rank, in]`, `B: [out, rank]` (lora_dropout 0). The input is cast to the adapters'
+    /// dtype first (a copy when the model is 16-bit), which `A` keeps; `B` keeps `A`'s
+    /// `[.., rank]` output; the sum is cast back to `y`'s dtype.
+    pub(super) fn lora(
+        &mut self,
+        x: ValueId,
+        y: ValueId,
+        in_f: u64,
+        out_f: u64,
+        target: &str,
+    ) -> Result<ValueId, Error> {
+        if !self.lora_targeted(target) {
+            return Ok(y);
+        }
+        let rank = self.s.lora.as_ref().map_or(0, |l| l.rank);
+        let a = self.adapter_param(Shape::from([rank, in_f]))?;
+        let b = self.adapter_param(Shape::from([out_f, rank]))?;
+        let adt = self.val(a).dtype;
+        let xc = self.cast(x, adt)?;
+        let xa = self.linear(xc, a, None, rank)?;
+        let xb = self.linear(xa, b, None, out_f)?;
+        let scaled = self.unary(xb, "mul", Keep::Nothing, false)?;
+        let sum = self.add(&[y, scaled], false)?;
+        let ydt = self.val(y).dtype;
+        self.cast(sum, ydt)
+    }
+
+    /// `x.to(dtype)`: a copy when the dtype differs.
+    pub(super) fn cast(&mut self, x: ValueId, dtype: DType) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        if xv.dtype == dtype {
+            return Ok(x);
+        }
+        let y = self.fresh(xv.shape.clone(), dtype, "cast", xv.requires_grad)?;
+        self.push(Step {
+            op: "_to_copy",
+            inputs: vec![x],
+            outputs: vec![y],
+            ..self.blank()
+        });
+        Ok(y)
+    }
+
+    pub(super) fn buffer(
+        &mut self,
+        shape: Shape,
+        dtype: DType,
+        what: &'static str,
+    ) -> Result<StorageId, Error> {
+        self.storage(&shape, dtype, StorageKind::Buffer, what)
+    }
+}
+
+/// Bytes of a quantized `[out, in]` weight with its metadata:
+/// - NF4 (bitsandbytes `Params4bit`, blocksize 64): `ceil(n/2)` + a float32 absmax per 64
+///   weights, or with double quantization an int8 absmax per 64 plus a float32 scale per 256
+///   blocks;
+/// - int8 (LLM.int8()): `n` + a float32 scale per output row;
+/// - int4 (GPTQ/AWQ): `ceil(n/2)` + per group of `group_size` input weights a float16 scale and a
+///   packed 4-bit zero point;
+/// - fp8: `n` + one float32 scale.
+fn quantized_bytes(q: Quant, shape: &Shape) -> Option<u64> {
+    let n = shape.numel()?;
+    let rows = shape.dims().first().copied().unwrap_or(1);
+    let cols = shape.dims().get(1).copied().unwrap_or(1);
+    match q {
+        Quant::Nf4 { double_quant } => {
+            let blocks = n.div_ceil(64);
+            let meta = if double_quant {
+                blocks.checked_add(blocks.div_ceil(256).checked_mul(4)?)?
+            } else {
+                blocks.checked_mul(4)?
+            };
+            n.div_ceil(2).checked_add(meta)
+        }
+        Quant::Int8 => n.checked_add(rows.checked_mul(4)?),
+        Quant::Int4 { group_size } => {
+            let groups = rows.checked_mul(cols.div_ceil(group_size.max(1)))?;
+            n.div_ceil(2)
+                .checked_add(groups.checked_mul(2)?)?
+                .checked_add(groups.div_ceil(2))
+        }
+        Quant::Fp8 => n.checked_add(4),
+    }
+}
