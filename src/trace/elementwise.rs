@@ -404,10 +404,15 @@ impl Tracer<'_> {
     }
 }
 
+/// What a one-input operator keeps for its backward.
 #[derive(Clone, Copy)]
 pub(super) enum Keep {
+    /// Nothing (only sizes or Python scalars).
     Nothing,
+    /// Its input (`gelu`, `silu`, `pow`).
     Input,
+    /// Its output (`relu`, `tanh`, `sigmoid`, `softmax`).
     Output,
+    /// A clone of its input, made because it runs in place (`hardtanh_`, `silu_`).
     InputClone,
 }
