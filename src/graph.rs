@@ -461,10 +461,25 @@ fn build_layers(
     scopes.push(HashSet::new());
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
-        let name = spec
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{}{}", spec.kind, i + 1));
+        // An unnamed layer is `<kind><position>` (`relu2`), made unique against the names the
+        // block's layers are given.
+        let name = spec.name.clone().unwrap_or_else(|| {
+            let base = format!("{}{}", spec.kind, i + 1);
+            let taken = |n: &str| specs.iter().any(|l| l.name.as_deref() == Some(n));
+            let mut name = base.clone();
+            let mut k = 2;
+            while taken(&name) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            name
+        });
+        if name.is_empty() {
+            return Err(Error::Layer(LayerError {
+                layer: format!("{prefix}layer #{} ({})", i + 1, spec.kind),
+                message: "`name` is empty".into(),
+            }));
+        }
         let label = format!("{prefix}layer #{} \"{name}\" ({})", i + 1, spec.kind);
         let fail = |message: String| {
             Error::Layer(LayerError {

@@ -11,6 +11,9 @@
 //! `BertForMaskedLM` → MLM head, `…ForSequenceClassification` → classifier and cross-entropy,
 //! `…Model` → the bare model); [`Head`] picks another.
 
+/// The most layers a config may declare: far beyond any real model, and small enough that
+/// building the description cannot exhaust memory.
+const MAX_LAYERS: u64 = 100_000;
 use serde_json::{Map, Value};
 
 use crate::dtype::DType;
@@ -98,11 +101,20 @@ pub fn to_spec(config: &Value, head: Head) -> Result<ModelSpec, Error> {
         Family::T5 => t5(&cfg, head)?,
         _ => decoder(&cfg, family, head)?,
     };
-    let dtype = ["torch_dtype", "dtype"]
-        .iter()
-        .find_map(|k| map.get(*k).and_then(Value::as_str))
-        .and_then(|s| s.parse::<DType>().ok())
-        .filter(|d| d.is_float());
+    let mut dtype = None;
+    for key in ["torch_dtype", "dtype"] {
+        match map.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "auto" => {}
+            Some(v) => {
+                let d = v.as_str().and_then(|s| s.parse::<DType>().ok()).filter(|d| d.is_float()).ok_or_else(|| {
+                    Error::Setting(format!("Hugging Face config: `{key}` must name a floating-point dtype (e.g. \"bfloat16\"), got {v}"))
+                })?;
+                dtype = Some(d);
+                break;
+            }
+        }
+    }
     let head_name = match head {
         Resolved::Bare => "bare model, no loss",
         Resolved::Lm => match family {
@@ -332,6 +344,19 @@ impl<'a> Cfg<'a> {
                 keys[0]
             ))),
         }
+    }
+
+    /// A layer count: required, positive, and at most [`MAX_LAYERS`] (checked before any layer
+    /// is built).
+    fn layers(&self, keys: &[&str]) -> Result<u64, Error> {
+        let n = self.req(keys)?;
+        if n > MAX_LAYERS {
+            return Err(self.err(format!(
+                "`{}` = {n} is more layers than memest traces (at most {MAX_LAYERS})",
+                keys[0]
+            )));
+        }
+        Ok(n)
     }
 
     fn u_or(&self, keys: &[&str], default: u64) -> Result<u64, Error> {
@@ -606,7 +631,7 @@ fn decoder(cfg: &Cfg, family: Family, head: Resolved) -> Result<(Vec<LayerSpec>,
     use Family as F;
     let vocab = cfg.req(&["vocab_size"])?;
     let hidden = cfg.req(&["hidden_size"])?;
-    let n_layers = cfg.req(&["num_hidden_layers"])?;
+    let n_layers = cfg.layers(&["num_hidden_layers"])?;
     let heads = cfg.req(&["num_attention_heads"])?;
     // transformers' config-class defaults where the file leaves the key out (or null).
     let kv_default = match family {
@@ -1005,7 +1030,7 @@ fn decoder_layer(
 fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     let vocab = cfg.req(&["vocab_size"])?;
     let hidden = cfg.req(&["n_embd", "hidden_size"])?;
-    let n_layers = cfg.req(&["n_layer", "num_hidden_layers"])?;
+    let n_layers = cfg.layers(&["n_layer", "num_hidden_layers"])?;
     let heads = cfg.req(&["n_head", "num_attention_heads"])?;
     let positions = cfg.u_or(&["n_positions", "max_position_embeddings"], 1024)?;
     let inner = cfg.u_or(&["n_inner"], 4 * hidden)?;
@@ -1074,7 +1099,7 @@ fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
 fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     let vocab = cfg.req(&["vocab_size"])?;
     let hidden = cfg.req(&["hidden_size"])?;
-    let n_layers = cfg.req(&["num_hidden_layers"])?;
+    let n_layers = cfg.layers(&["num_hidden_layers"])?;
     let heads = cfg.req(&["num_attention_heads"])?;
     let intermediate = cfg.req(&["intermediate_size"])?;
     let positions = cfg.u_or(&["max_position_embeddings"], 512)?;
@@ -1218,8 +1243,11 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     let vocab = cfg.req(&["vocab_size"])?;
     let d_model = cfg.req(&["d_model", "hidden_size"])?;
     let d_ff = cfg.req(&["d_ff"])?;
-    let enc_layers = cfg.req(&["num_layers", "num_hidden_layers"])?;
-    let dec_layers = cfg.u_or(&["num_decoder_layers"], enc_layers)?;
+    let enc_layers = cfg.layers(&["num_layers", "num_hidden_layers"])?;
+    let dec_layers = match cfg.opt_u(&["num_decoder_layers"])? {
+        None => enc_layers,
+        Some(_) => cfg.layers(&["num_decoder_layers"])?,
+    };
     let heads = cfg.req(&["num_heads", "num_attention_heads"])?;
     let d_kv = cfg.u_or(&["d_kv"], 64)?;
     let buckets = cfg.u_or(&["relative_attention_num_buckets"], 32)?;

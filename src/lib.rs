@@ -68,6 +68,7 @@ pub fn load_spec(
     format: spec::Format,
     head: hf::Head,
 ) -> Result<spec::ModelSpec, Error> {
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     if format == spec::Format::Json
         && let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
         && hf::is_hf_config(&value)

@@ -49,11 +49,16 @@ struct Cli {
     lora_rank: Option<u64>,
     /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
     /// suffixes (gate, up, down match *.gate_proj, *.up_proj, *.down_proj).
-    #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "q,k,v,o,gate,up,down",
+        requires = "lora_rank"
+    )]
     lora_targets: Vec<String>,
     /// Inference over N tokens of context: --mode infer with a sequence length of N (the KV cache
     /// of causal attention holds N tokens).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["mode", "seq"])]
     context: Option<u64>,
     /// dtype of the inference KV cache (e.g. fp8, bfloat16); default: the activation dtype.
     #[arg(long, value_parser = parse_dtype)]
@@ -224,6 +229,9 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         out.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
+    if cli.seq.is_some() && !spec.input.shape.contains(&memest::spec::DimSpec::Seq) {
+        eprintln!("warning: --seq has no effect: the input of {display} has no \"seq\" dimension");
+    }
     let mut report = memest::estimate_spec(&spec, &name, &overrides, cli.budget)
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
     let mut found = None;
@@ -238,7 +246,6 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             })?;
             ("context", seq)
         };
-        let _ = start;
         let estimate_at = |v: u64| {
             let mut o = overrides.clone();
             if cli.max_batch {
@@ -248,17 +255,23 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             }
             memest::estimate_spec(&spec, &name, &o, Some(budget)).ok()
         };
-        match largest_fitting(estimate_at) {
+        match largest_fitting(estimate_at, start) {
             Some((v, r)) => {
                 report = r;
                 found = Some((what, v));
             }
-            None => {
-                let at = estimate_at(1).unwrap_or(report);
-                report = at;
-                found = Some((what, 0));
-            }
+            None => found = Some((what, 0)),
         }
+    }
+    if cli.checkpoint
+        && !report
+            .layers
+            .iter()
+            .any(|l| l.kind == "repeat" || l.kind == "block")
+    {
+        eprintln!(
+            "warning: --checkpoint has no effect: {display} has no repeated blocks to checkpoint"
+        );
     }
     let units = if cli.si {
         UnitSystem::Si
@@ -283,7 +296,7 @@ fn run(cli: &Cli) -> Result<ExitCode> {
                 if v == 0 {
                     writeln!(
                         out,
-                        "largest {what} that fits {budget}: none (the estimate below is at 1)"
+                        "largest {what} that fits {budget}: none (the estimate below is at the size asked for)"
                     )?;
                 } else {
                     writeln!(out, "largest {what} that fits {budget}: {v}")?;
@@ -309,14 +322,19 @@ fn run(cli: &Cli) -> Result<ExitCode> {
 }
 
 /// The largest value `v ≥ 1` whose estimate fits its budget, with that estimate: doubling, then
-/// bisection (estimates grow with batch and context). `None` when even 1 does not fit. Values
-/// whose estimate fails (e.g. a size overflow) count as not fitting.
+/// bisection (estimates grow with batch and context), from 1 or, when 1 is not a valid size for
+/// the model, from `start` (the size asked for). `None` when neither fits. Values whose estimate
+/// fails (an invalid shape, a size overflow) count as not fitting.
 fn largest_fitting(
     estimate_at: impl Fn(u64) -> Option<memest::Report>,
+    start: u64,
 ) -> Option<(u64, memest::Report)> {
     let fits = |v: u64| estimate_at(v).filter(|r| r.budget.as_ref().is_some_and(|b| b.fits));
-    let mut best = (1, fits(1)?);
-    let mut hi = 2u64;
+    let mut best = match fits(1) {
+        Some(r) => (1, r),
+        None => (start, fits(start)?),
+    };
+    let mut hi = best.0.saturating_mul(2);
     loop {
         match fits(hi) {
             Some(r) if hi < (1 << 40) => {

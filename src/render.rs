@@ -65,19 +65,29 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         crate::settings::Device::Cuda => "cuda",
     };
     out.push_str(&format!("model: {}  input: {}\n", r.model, r.input_shape));
+    let has_attention = r.layers.iter().any(|l| l.kind.ends_with("attention"));
+    let attention = if has_attention {
+        format!("{attention} attention, ")
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "run:   {run}; {attention} attention, {device} kernels{}\n",
+        "run:   {run}; {attention}{device} kernels{}\n",
         if s.checkpoint {
             ", checkpointed blocks"
         } else {
             ""
         }
     ));
-    out.push_str(&format!(
-        "parameters: {} ({} trainable)\n",
-        thousands(r.param_count),
-        thousands(r.trainable_param_count)
-    ));
+    if s.training() {
+        out.push_str(&format!(
+            "parameters: {} ({} trainable)\n",
+            thousands(r.param_count),
+            thousands(r.trainable_param_count)
+        ));
+    } else {
+        out.push_str(&format!("parameters: {}\n", thousands(r.param_count)));
+    }
     out.push_str(&recipe_line(r));
     if r.parameters_by_dtype.len() > 1 {
         let parts: Vec<String> = r

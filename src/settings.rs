@@ -608,6 +608,12 @@ impl Settings {
             }
         };
         let dtype = recipe.weights;
+        if o.kv_dtype.is_some() && mode == Mode::Train {
+            return Err(Error::Setting(
+                "--kv-dtype sets the inference KV cache: use it with --mode infer or --context"
+                    .into(),
+            ));
+        }
         Ok(Settings {
             batch,
             seq,

@@ -385,38 +385,31 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
             .collect();
         for i in (0..tape.steps.len()).rev() {
             if let Some(&g) = seg_by_end.get(&(i + 1)) {
+                // Recompute the checkpointed block: what its own operators save stays for their
+                // backward; everything else (the recomputed block output included) is dropped
+                // after its last use inside the block.
                 let seg = &tape.segments[g];
+                let kept: std::collections::HashSet<usize> = tape.steps[seg.start..seg.end]
+                    .iter()
+                    .flat_map(|s| s.saves.iter().copied())
+                    .collect();
+                let mut replayed = Vec::new();
                 for j in seg.start..seg.end {
                     let step = &tape.steps[j];
                     for &s in &step.allocs {
                         if !st.live[s] {
-                            st.act_cat[s] = if saved_any[s] {
+                            st.act_cat[s] = if kept.contains(&s) {
                                 Category::Activations
                             } else {
                                 Category::Temporaries
                             };
                             st.alloc(s);
+                            replayed.push(s);
                         }
                     }
                     st.check(Phase::Backward, Some(step.layer));
-                    let candidates: Vec<usize> = step
-                        .allocs
-                        .iter()
-                        .copied()
-                        .chain(
-                            step.inputs
-                                .iter()
-                                .chain(&step.outputs)
-                                .map(|&v| tape.values[v].storage),
-                        )
-                        .collect();
-                    for s in candidates {
-                        if tape.storages[s].kind == StorageKind::Activation
-                            && last_use[s] <= j
-                            && !saved_any[s]
-                            && !held[s]
-                            && !saved_fwd[s]
-                        {
+                    for &s in &replayed {
+                        if st.live[s] && !kept.contains(&s) && last_use[s].min(seg.end - 1) <= j {
                             st.free(s);
                         }
                     }

@@ -35,7 +35,11 @@ impl Format {
     /// is read as TOML.
     #[must_use]
     pub fn sniff(text: &str) -> Format {
-        if text.trim_start().starts_with('{') {
+        if text
+            .trim_start_matches('\u{feff}')
+            .trim_start()
+            .starts_with('{')
+        {
             Format::Json
         } else {
             Format::Toml
@@ -433,6 +437,8 @@ impl<'de> Deserialize<'de> for LayerKind {
 /// [`Error::Spec`] with the line and column of the first syntax or schema error; an empty file
 /// is reported as such.
 pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
+    // A UTF-8 byte-order mark is not part of the document.
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     if src.trim().is_empty() {
         return Err(Error::Spec(SpecError {
             line: None,

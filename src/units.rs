@@ -102,9 +102,9 @@ pub enum UnitSystem {
 /// Three significant digits, at least one decimal for scaled units.
 #[must_use]
 pub fn format_bytes(bytes: u64, units: UnitSystem) -> String {
-    let (base, names): (f64, [&str; 5]) = match units {
-        UnitSystem::Iec => (1024.0, ["B", "KiB", "MiB", "GiB", "TiB"]),
-        UnitSystem::Si => (1000.0, ["B", "kB", "MB", "GB", "TB"]),
+    let (base, names): (f64, [&str; 7]) = match units {
+        UnitSystem::Iec => (1024.0, ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]),
+        UnitSystem::Si => (1000.0, ["B", "kB", "MB", "GB", "TB", "PB", "EB"]),
     };
     #[allow(clippy::cast_precision_loss)] // display only
     let mut value = bytes as f64;
@@ -168,5 +168,7 @@ mod tests {
         assert_eq!(format_bytes(102_228_128, UnitSystem::Iec), "97.49 MiB");
         assert_eq!(format_bytes(102_228_128, UnitSystem::Si), "102.2 MB");
         assert_eq!(format_bytes(24 << 30, UnitSystem::Iec), "24.00 GiB");
+        assert_eq!(format_bytes(3 << 50, UnitSystem::Iec), "3.00 PiB");
+        assert_eq!(format_bytes(u64::MAX, UnitSystem::Iec), "16.00 EiB");
     }
 }

@@ -224,6 +224,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         label: String::new(),
         quantized: std::collections::HashSet::new(),
         position_bias: None,
+        lora_adapters: 0,
     };
     let mut dims = vec![settings.batch];
     for d in &model.input_dims {
@@ -255,6 +256,32 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
     let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
     let mut scopes = vec![HashMap::from([(INPUT.to_string(), input)])];
     let out = t.layers(&model.layers, input, &mut scopes, "", 1)?;
+    if let Some(lora) = settings.lora.as_ref().filter(|_| t.lora_adapters == 0) {
+        // PEFT refuses target modules that match nothing; so does memest.
+        let mut linears: Vec<&str> = t
+            .tape
+            .layers
+            .iter()
+            .filter(|l| l.kind == "linear")
+            .map(|l| l.name.as_str())
+            .collect();
+        linears.dedup();
+        let attention = t.tape.layers.iter().any(|l| l.kind.ends_with("attention"));
+        return Err(Error::Setting(format!(
+            "--lora-targets {} matched no projection; targets are {}linear-layer names or suffixes{}",
+            lora.targets.join(","),
+            if attention {
+                "q, k, v, o (attention projections) and "
+            } else {
+                ""
+            },
+            if linears.is_empty() {
+                " (this model has no linear layers)".to_string()
+            } else {
+                format!(" (this model's: {})", linears.join(", "))
+            }
+        )));
+    }
     if !t.tape.has_loss {
         let v = &t.tape.values[out];
         t.tape.held.push(v.storage);
@@ -291,6 +318,8 @@ struct Tracer<'a> {
     quantized: std::collections::HashSet<ValueId>,
     /// The relative position bias of the current stack (T5).
     position_bias: Option<ValueId>,
+    /// LoRA adapters added so far.
+    lora_adapters: usize,
 }
 
 fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {

@@ -523,7 +523,7 @@ impl Tracer<'_> {
                     }
                     Combine::Concat(dim) => {
                         let rank = xv.shape.rank();
-                        let axis = self.axis(*dim, rank)?;
+                        let axis = self.batch_kept(self.axis(*dim, rank)?, "concat")?;
                         let mut expanded = shape.clone();
                         if expanded.len() != rank {
                             return Err(self.err(format!("parameter of shape {:?} has rank {}, expected rank {rank} like the input {}", shape, expanded.len(), xv.shape)));
@@ -571,7 +571,7 @@ impl Tracer<'_> {
             Op::Add { inplace } => self.add(inputs, *inplace),
             Op::Concat { dim } => {
                 let rank = xv.shape.rank();
-                let axis = self.axis(*dim, rank)?;
+                let axis = self.batch_kept(self.axis(*dim, rank)?, "concat")?;
                 self.concat(inputs, axis)
             }
             Op::MaxPool2d {
@@ -659,7 +659,10 @@ impl Tracer<'_> {
             }
             Op::Flatten { start, end } => {
                 let rank = xv.shape.rank();
-                let (a, b) = (self.axis(*start, rank)?, self.axis(*end, rank)?);
+                let (a, b) = (
+                    self.batch_kept(self.axis(*start, rank)?, "flatten")?,
+                    self.axis(*end, rank)?,
+                );
                 if a > b {
                     return Err(self.err(format!(
                         "start_dim {start} comes after end_dim {end} for input {}",
@@ -707,6 +710,11 @@ impl Tracer<'_> {
             Op::Transpose { a, b } => {
                 let rank = xv.shape.rank();
                 let (a, b) = (self.axis(*a, rank)?, self.axis(*b, rank)?);
+                if a == 0 || b == 0 {
+                    return Err(
+                        self.err("transpose cannot move the batch dimension (dimension 0)".into())
+                    );
+                }
                 let mut dims = xv.shape.dims().to_vec();
                 dims.swap(a, b);
                 let layout = if a == b {
@@ -962,6 +970,16 @@ impl Tracer<'_> {
                 v.shape.rank()
             ))),
         }
+    }
+
+    /// Rejects an axis that would merge or extend the batch dimension.
+    pub(super) fn batch_kept(&self, axis: usize, what: &str) -> Result<usize, Error> {
+        if axis == 0 {
+            return Err(self.err(format!(
+                "{what} cannot act on the batch dimension (dimension 0)"
+            )));
+        }
+        Ok(axis)
     }
 
     pub(super) fn axis(&self, dim: i64, rank: usize) -> Result<usize, Error> {

@@ -113,6 +113,7 @@ impl Tracer<'_> {
             return Ok(y);
         }
         let rank = self.s.lora.as_ref().map_or(0, |l| l.rank);
+        self.lora_adapters += 1;
         let a = self.adapter_param(Shape::from([rank, in_f]))?;
         let b = self.adapter_param(Shape::from([out_f, rank]))?;
         let adt = self.val(a).dtype;
