@@ -79,6 +79,21 @@ pub enum Activation {
         /// `nn.ReLU6(inplace=True)`.
         inplace: bool,
     },
+    /// `hardswish`: keeps its input (a clone of it when in place).
+    Hardswish {
+        /// `nn.Hardswish(inplace=True)`.
+        inplace: bool,
+    },
+    /// `hardsigmoid`: keeps its input (a clone of it when in place).
+    Hardsigmoid {
+        /// `nn.Hardsigmoid(inplace=True)`.
+        inplace: bool,
+    },
+    /// `leaky_relu`: keeps its input, or its output when in place (`leaky_relu_`).
+    LeakyRelu {
+        /// `nn.LeakyReLU(inplace=True)`.
+        inplace: bool,
+    },
     /// `gelu` (`F.gelu`, erf or `approximate="tanh"`): keeps its input.
     Gelu,
     /// `gelu_new`: the tanh approximation written out in Python (transformers'
@@ -113,6 +128,9 @@ pub enum Combine {
     Concat(i64),
     /// Broadcast and added (ViT's position embedding).
     Add,
+    /// Broadcast and multiplied (ConvNeXt's layer scale): keeps the input for the parameter's
+    /// gradient.
+    Mul,
 }
 
 /// One operation. Shapes use `B` for the batch; parameters are counted per instance.
@@ -299,6 +317,20 @@ pub enum Op {
         a: i64,
         /// Second dimension.
         b: i64,
+    },
+    /// `permute(dims)` (the batch stays first): a view.
+    Permute {
+        /// The new order of the dimensions, `dims[0] = 0`.
+        dims: Vec<usize>,
+    },
+    /// `x.narrow(dim, start, length)` (a slice, e.g. one half of `chunk(2, dim)`): a view.
+    Narrow {
+        /// Dimension.
+        dim: i64,
+        /// First index.
+        start: u64,
+        /// Length.
+        length: u64,
     },
     /// `x.select(dim, index)` (e.g. `x[:, 0]`): a view.
     Select {
@@ -761,6 +793,12 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             }
             let combine = match s.combine.as_deref() {
                 Some("concat") => Combine::Concat(s.dim.unwrap_or(1)),
+                Some("mul") => {
+                    if s.dim.is_some() {
+                        return Err("`dim` applies only with combine = \"concat\"".into());
+                    }
+                    Combine::Mul
+                }
                 Some("add") | None => {
                     if s.dim.is_some() {
                         return Err("`dim` applies only with combine = \"concat\"".into());
@@ -769,7 +807,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                 }
                 Some(other) => {
                     return Err(format!(
-                        "unknown `combine` value `{other}`, expected \"add\" or \"concat\""
+                        "unknown `combine` value `{other}`, expected \"add\", \"mul\" or \"concat\""
                     ));
                 }
             };
@@ -788,6 +826,38 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         K::Relu => {
             check_keys(s, &["inplace"])?;
             Op::Activation(Activation::Relu { inplace })
+        }
+        K::Hardswish => {
+            check_keys(s, &["inplace"])?;
+            Op::Activation(Activation::Hardswish { inplace })
+        }
+        K::Hardsigmoid => {
+            check_keys(s, &["inplace"])?;
+            Op::Activation(Activation::Hardsigmoid { inplace })
+        }
+        K::LeakyRelu => {
+            check_keys(s, &["inplace"])?;
+            Op::Activation(Activation::LeakyRelu { inplace })
+        }
+        K::Permute => {
+            check_keys(s, &["dims"])?;
+            let dims = s.dims.as_ref().ok_or("missing `dims` (the new order of all dimensions, batch first, e.g. [0, 2, 3, 1])")?;
+            let n = dims.len();
+            let mut order = Vec::with_capacity(n);
+            for &d in dims {
+                match usize::try_from(d) {
+                    Ok(d) if d < n && !order.contains(&d) => order.push(d),
+                    _ => return Err(format!("`dims` {dims:?} is not a permutation of 0..{n}")),
+                }
+            }
+            if order.first() != Some(&0) {
+                return Err("`dims` must keep the batch dimension first (dims[0] = 0)".into());
+            }
+            Op::Permute { dims: order }
+        }
+        K::Narrow => {
+            check_keys(s, &["dim", "start", "length"])?;
+            Op::Narrow { dim: s.dim.unwrap_or(1), start: s.start.unwrap_or(0), length: positive(s.length, "length")? }
         }
         K::Relu6 => {
             check_keys(s, &["inplace"])?;

@@ -242,6 +242,10 @@ pub struct LayerSpec {
     pub dims: Option<Vec<i64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
     // free parameter
     #[serde(skip_serializing_if = "Option::is_none")]
     pub combine: Option<String>,
@@ -377,6 +381,9 @@ layer_kinds! {
     Dropout => "dropout",
     Relu => "relu",
     Relu6 => "relu6",
+    Hardswish => "hardswish",
+    Hardsigmoid => "hardsigmoid",
+    LeakyRelu => "leaky_relu",
     Gelu => "gelu",
     GeluNew => "gelu_new",
     Silu => "silu" | "swish",
@@ -392,6 +399,8 @@ layer_kinds! {
     Flatten => "flatten",
     Reshape => "reshape" | "view",
     Transpose => "transpose",
+    Permute => "permute",
+    Narrow => "narrow" | "slice",
     Select => "select",
     Attention => "attention" | "self_attention" | "multihead_attention",
     CrossAttention => "cross_attention",

@@ -521,6 +521,13 @@ impl Tracer<'_> {
                         }
                         self.add(&[x, p], false)
                     }
+                    Combine::Mul => {
+                        let ps = Shape::new(shape.clone());
+                        if broadcast(&xv.shape, &ps).as_ref() != Some(&xv.shape) {
+                            return Err(self.err(format!("parameter of shape {ps} does not broadcast to the input {}", xv.shape)));
+                        }
+                        self.mul(p, x)
+                    }
                     Combine::Concat(dim) => {
                         let rank = xv.shape.rank();
                         let axis = self.batch_kept(self.axis(*dim, rank)?, "concat")?;
@@ -706,6 +713,34 @@ impl Tracer<'_> {
                     )));
                 }
                 self.reshape(x, target)
+            }
+            Op::Permute { dims } => {
+                let rank = xv.shape.rank();
+                if dims.len() != rank {
+                    return Err(self.err(format!("`dims` has {} entries for a rank-{rank} input {}", dims.len(), xv.shape)));
+                }
+                let d = xv.shape.dims();
+                let shape = Shape::new(dims.iter().map(|&i| d[i]).collect());
+                let identity = dims.iter().enumerate().all(|(i, &j)| i == j);
+                let layout = if identity { xv.layout } else { Layout::Strided };
+                let y = self.view_of(x, shape, layout);
+                self.push(Step { op: "permute", inputs: vec![x], outputs: vec![y], view_grad: true, ..self.blank() });
+                Ok(y)
+            }
+            Op::Narrow { dim, start, length } => {
+                let rank = xv.shape.rank();
+                let axis = self.batch_kept(self.axis(*dim, rank)?, "narrow")?;
+                let size = xv.shape.dims()[axis];
+                if start.checked_add(*length).is_none_or(|end| end > size) {
+                    return Err(self.err(format!("narrow {start}..{start}+{length} is out of range for dimension {dim} of size {size} (input {})", xv.shape)));
+                }
+                let mut dims = xv.shape.dims().to_vec();
+                dims[axis] = *length;
+                let layout = if *length == size { xv.layout } else { Layout::Strided };
+                let y = self.view_of(x, Shape::new(dims), layout);
+                // narrow's backward allocates a zero gradient of the input's full shape.
+                self.push(Step { op: "narrow", inputs: vec![x], outputs: vec![y], ..self.blank() });
+                Ok(y)
             }
             Op::Transpose { a, b } => {
                 let rank = xv.shape.rank();
