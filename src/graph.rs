@@ -841,7 +841,9 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         }
         K::Permute => {
             check_keys(s, &["dims"])?;
-            let dims = s.dims.as_ref().ok_or("missing `dims` (the new order of all dimensions, batch first, e.g. [0, 2, 3, 1])")?;
+            let dims = s.dims.as_ref().ok_or(
+                "missing `dims` (the new order of all dimensions, batch first, e.g. [0, 2, 3, 1])",
+            )?;
             let n = dims.len();
             let mut order = Vec::with_capacity(n);
             for &d in dims {
@@ -857,7 +859,11 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         }
         K::Narrow => {
             check_keys(s, &["dim", "start", "length"])?;
-            Op::Narrow { dim: s.dim.unwrap_or(1), start: s.start.unwrap_or(0), length: positive(s.length, "length")? }
+            Op::Narrow {
+                dim: s.dim.unwrap_or(1),
+                start: s.start.unwrap_or(0),
+                length: positive(s.length, "length")?,
+            }
         }
         K::Relu6 => {
             check_keys(s, &["inplace"])?;

@@ -149,7 +149,7 @@ impl Tracer<'_> {
                 let hv = if c.qk_norm && target != "v" {
                     // Qwen3: RMSNorm over head_dim on the [B, S, heads, head_dim] view, then the
                     // head transpose of its (new, contiguous) output.
-                    let pv = self.val(p).clone();
+
                     let split = self.view_of(p, Shape::from([b, len, n, hd]), Layout::Contiguous);
                     self.push(Step {
                         op: "view",
@@ -160,7 +160,6 @@ impl Tracer<'_> {
                     });
                     let w = self.param(Shape::from([hd]), train)?;
                     let normed = self.rms_norm(split, w)?;
-                    let _ = pv;
                     let t = self.view_of(
                         normed,
                         Shape::from([b, n, len, hd]),

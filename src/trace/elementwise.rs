@@ -154,10 +154,33 @@ impl Tracer<'_> {
                 },
                 inplace,
             ),
-            Activation::Hardswish { inplace } => self.unary(x, "hardswish", if inplace { Keep::InputClone } else { Keep::Input }, inplace),
-            Activation::Hardsigmoid { inplace } => self.unary(x, "hardsigmoid", if inplace { Keep::InputClone } else { Keep::Input }, inplace),
+            Activation::Hardswish { inplace } => self.unary(
+                x,
+                "hardswish",
+                if inplace {
+                    Keep::InputClone
+                } else {
+                    Keep::Input
+                },
+                inplace,
+            ),
+            Activation::Hardsigmoid { inplace } => self.unary(
+                x,
+                "hardsigmoid",
+                if inplace {
+                    Keep::InputClone
+                } else {
+                    Keep::Input
+                },
+                inplace,
+            ),
             // derivatives.yaml: leaky_relu keeps `self`; `leaky_relu_` keeps its result.
-            Activation::LeakyRelu { inplace } => self.unary(x, "leaky_relu", if inplace { Keep::Output } else { Keep::Input }, inplace),
+            Activation::LeakyRelu { inplace } => self.unary(
+                x,
+                "leaky_relu",
+                if inplace { Keep::Output } else { Keep::Input },
+                inplace,
+            ),
             Activation::Gelu => self.unary(x, "gelu", Keep::Input, false),
             Activation::Silu { inplace } => self.unary(
                 x,

@@ -567,7 +567,7 @@ impl Tracer<'_> {
         repeat: u64,
     ) -> Result<ValueId, Error> {
         let mut prev = input;
-        for (i, layer) in layers.iter().enumerate() {
+        for layer in layers {
             self.label.clone_from(&layer.label);
             let inputs: Vec<ValueId> = layer
                 .inputs
@@ -656,7 +656,6 @@ impl Tracer<'_> {
                     x
                 }
             };
-            let _ = i;
             scopes
                 .last_mut()
                 .expect("scope")

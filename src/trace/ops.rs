@@ -524,7 +524,10 @@ impl Tracer<'_> {
                     Combine::Mul => {
                         let ps = Shape::new(shape.clone());
                         if broadcast(&xv.shape, &ps).as_ref() != Some(&xv.shape) {
-                            return Err(self.err(format!("parameter of shape {ps} does not broadcast to the input {}", xv.shape)));
+                            return Err(self.err(format!(
+                                "parameter of shape {ps} does not broadcast to the input {}",
+                                xv.shape
+                            )));
                         }
                         self.mul(p, x)
                     }
@@ -717,14 +720,24 @@ impl Tracer<'_> {
             Op::Permute { dims } => {
                 let rank = xv.shape.rank();
                 if dims.len() != rank {
-                    return Err(self.err(format!("`dims` has {} entries for a rank-{rank} input {}", dims.len(), xv.shape)));
+                    return Err(self.err(format!(
+                        "`dims` has {} entries for a rank-{rank} input {}",
+                        dims.len(),
+                        xv.shape
+                    )));
                 }
                 let d = xv.shape.dims();
                 let shape = Shape::new(dims.iter().map(|&i| d[i]).collect());
                 let identity = dims.iter().enumerate().all(|(i, &j)| i == j);
                 let layout = if identity { xv.layout } else { Layout::Strided };
                 let y = self.view_of(x, shape, layout);
-                self.push(Step { op: "permute", inputs: vec![x], outputs: vec![y], view_grad: true, ..self.blank() });
+                self.push(Step {
+                    op: "permute",
+                    inputs: vec![x],
+                    outputs: vec![y],
+                    view_grad: true,
+                    ..self.blank()
+                });
                 Ok(y)
             }
             Op::Narrow { dim, start, length } => {
@@ -736,10 +749,19 @@ impl Tracer<'_> {
                 }
                 let mut dims = xv.shape.dims().to_vec();
                 dims[axis] = *length;
-                let layout = if *length == size { xv.layout } else { Layout::Strided };
+                let layout = if *length == size {
+                    xv.layout
+                } else {
+                    Layout::Strided
+                };
                 let y = self.view_of(x, Shape::new(dims), layout);
                 // narrow's backward allocates a zero gradient of the input's full shape.
-                self.push(Step { op: "narrow", inputs: vec![x], outputs: vec![y], ..self.blank() });
+                self.push(Step {
+                    op: "narrow",
+                    inputs: vec![x],
+                    outputs: vec![y],
+                    ..self.blank()
+                });
                 Ok(y)
             }
             Op::Transpose { a, b } => {
