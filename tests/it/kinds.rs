@@ -531,3 +531,50 @@ fn cross_entropy_shift_upcast_bfloat16() {
     // Parameters: 20·8 + 8·20 = 320.
     check("cross_entropy_lm", &[], 1044, 320);
 }
+
+// ---- hardswish, hardsigmoid, leaky_relu, permute, narrow, parameter × (layer scale) ----
+//
+// The activation fixtures are conv 1×1 (3→4) on [2, 3, 4, 4], the activation, flatten and a
+// linear 64→10: params 3·4 + 4 + 64·10 + 10 = 666. The conv keeps the input batch (not
+// counted); the linear keeps its input, the activation's output [2, 64] f32 = 512 B.
+
+/// `hardswish` keeps its input (the conv output, 512 B) and the linear the output (512 B):
+/// 1024. In place, autograd keeps a clone of the input instead: still 1024.
+/// Measured with PyTorch 2.15: 1024 and 1024.
+#[test]
+fn hardswish() {
+    check("hardswish", &[], 1024, 666);
+    check("hardswish_inplace", &[], 1024, 666);
+}
+
+/// `hardsigmoid` keeps its input: 512 + 512 = 1024. Measured with PyTorch 2.15: 1024.
+#[test]
+fn hardsigmoid() {
+    check("hardsigmoid", &[], 1024, 666);
+}
+
+/// `leaky_relu` keeps its input: 1024; `leaky_relu_` keeps its result, the same storage the
+/// linear keeps: 512. Measured with PyTorch 2.15: 1024 and 512.
+#[test]
+fn leaky_relu() {
+    check("leaky_relu", &[], 1024, 666);
+    check("leaky_relu_inplace", &[], 512, 666);
+}
+
+/// ConvNeXt's block body on [2, 3, 4, 4]: the depthwise conv keeps the input batch; the
+/// permuted view goes into LayerNorm, which keeps a contiguous copy (2·4·4·3·4 = 384) and
+/// mean/rstd [2, 4, 4, 1] (128 + 128); linear 3→12 keeps the LayerNorm output (384); GELU its
+/// input [2, 4, 4, 12] (1536); linear 12→3 the GELU output (1536); the layer-scale product
+/// keeps the permuted fc2 output (384): 4480. Params 3·9 + 3 + 2·3 + 3·12 + 12 + 12·3 + 3 + 3
+/// = 126. Measured with PyTorch 2.15: 4480.
+#[test]
+fn permute_and_layer_scale() {
+    check("convnext_block", &[], 4480, 126);
+}
+
+/// `narrow` is a view: ReLU keeps its output [2, 2, 4, 4] (256), which the conv keeps too:
+/// 256. Params 2·2 + 2 = 6. Measured with PyTorch 2.15 (`x.chunk(2, dim=1)[1]`): 256.
+#[test]
+fn narrow() {
+    check("narrow", &[], 256, 6);
+}
