@@ -376,35 +376,14 @@ impl Tracer<'_> {
                         "position ids",
                     )?
                 };
-                let ids_v = self.value(
+                self.add_lookup(
+                    x,
+                    w,
                     ids,
                     Shape::from([1, s]),
-                    DType::Int64,
-                    Layout::Contiguous,
-                    false,
-                    false,
-                );
-                let rg = self.rg(w);
-                let pos = self.fresh(
                     Shape::from([1, s, h]),
-                    self.param_dtype(),
                     "position embeddings",
-                    rg,
-                )?;
-                let allocs = if self.tape.storages[ids].kind == StorageKind::Activation {
-                    vec![ids]
-                } else {
-                    Vec::new()
-                };
-                self.push(Step {
-                    op: "embedding",
-                    inputs: vec![w, ids_v],
-                    outputs: vec![pos],
-                    allocs,
-                    saves: vec![ids],
-                    ..self.blank()
-                });
-                self.add(&[x, pos], false)
+                )
             }
             Op::TokenTypeEmbedding {
                 num_types,
@@ -447,35 +426,14 @@ impl Tracer<'_> {
                         "token type ids",
                     )?
                 };
-                let ids_v = self.value(
+                self.add_lookup(
+                    x,
+                    w,
                     ids,
                     Shape::from([bsz, s]),
-                    DType::Int64,
-                    Layout::Strided,
-                    false,
-                    false,
-                );
-                let rg = self.rg(w);
-                let emb = self.fresh(
                     Shape::from([bsz, s, h]),
-                    self.param_dtype(),
                     "token type embeddings",
-                    rg,
-                )?;
-                let allocs = if self.tape.storages[ids].kind == StorageKind::Activation {
-                    vec![ids]
-                } else {
-                    Vec::new()
-                };
-                self.push(Step {
-                    op: "embedding",
-                    inputs: vec![w, ids_v],
-                    outputs: vec![emb],
-                    allocs,
-                    saves: vec![ids],
-                    ..self.blank()
-                });
-                self.add(&[x, emb], false)
+                )
             }
             Op::Rotary { head_dim, concat } => {
                 let d = xv.shape.dims().to_vec();
@@ -1027,6 +985,36 @@ impl Tracer<'_> {
                 v.shape.rank()
             ))),
         }
+    }
+
+    /// `x + table[ids]` (learned position and token-type tables): the lookup keeps its ids,
+    /// which are a new tensor unless they are a view of a buffer.
+    fn add_lookup(
+        &mut self,
+        x: ValueId,
+        w: ValueId,
+        ids: StorageId,
+        ids_shape: Shape,
+        out_shape: Shape,
+        what: &'static str,
+    ) -> Result<ValueId, Error> {
+        let ids_v = self.value(ids, ids_shape, DType::Int64, Layout::Strided, false, false);
+        let rg = self.rg(w);
+        let looked_up = self.fresh(out_shape, self.param_dtype(), what, rg)?;
+        let allocs = if self.tape.storages[ids].kind == StorageKind::Activation {
+            vec![ids]
+        } else {
+            Vec::new()
+        };
+        self.push(Step {
+            op: "embedding",
+            inputs: vec![w, ids_v],
+            outputs: vec![looked_up],
+            allocs,
+            saves: vec![ids],
+            ..self.blank()
+        });
+        self.add(&[x, looked_up], false)
     }
 
     /// Rejects an axis that would merge or extend the batch dimension.
