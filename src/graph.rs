@@ -189,10 +189,14 @@ pub enum Op {
         /// Has a bias.
         bias: bool,
     },
-    /// RMSNorm over the last dimension as transformers' `LlamaRMSNorm` computes it
-    /// (upcast to float32, `x·rsqrt(mean(x²)+ε)`, back to the input dtype, times weight);
-    /// params `H`.
-    RmsNorm,
+    /// RMSNorm over the last dimension as transformers computes it; params `H`.
+    /// `LlamaRMSNorm` (default): upcast to float32, `h·rsqrt(mean(h²)+ε)`, back to the input
+    /// dtype, times weight. `T5LayerNorm` (`style = "t5"`): the variance from a float32 copy, but
+    /// `x·rsqrt(..)` on the input itself, cast to a 16-bit weight's dtype, times weight.
+    RmsNorm {
+        /// T5's variant.
+        t5: bool,
+    },
     /// `nn.GroupNorm` over dimension 1: params `2C`.
     GroupNorm {
         /// Number of groups (must divide C).
@@ -733,8 +737,17 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             }
         }
         K::RmsNorm => {
-            check_keys(s, &[])?;
-            Op::RmsNorm
+            check_keys(s, &["style"])?;
+            let t5 = match s.style.as_deref() {
+                None | Some("llama") => false,
+                Some("t5") => true,
+                Some(other) => {
+                    return Err(format!(
+                        "unknown `style` value `{other}`, expected \"llama\" or \"t5\""
+                    ));
+                }
+            };
+            Op::RmsNorm { t5 }
         }
         K::GroupNorm => {
             check_keys(s, &["num_groups", "affine"])?;

@@ -486,6 +486,14 @@ fn layernorm(name: &str) -> LayerSpec {
     layer(K::LayerNorm, name)
 }
 
+/// T5's `T5LayerNorm` (see `graph::Op::RmsNorm`).
+fn t5_norm(name: &str) -> LayerSpec {
+    LayerSpec {
+        style: Some("t5".into()),
+        ..rmsnorm(name)
+    }
+}
+
 fn rmsnorm(name: &str) -> LayerSpec {
     layer(K::RmsNorm, name)
 }
@@ -1277,7 +1285,7 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
 
     let ff = |body: &mut Vec<LayerSpec>, idx: usize, residual: &str| -> Result<String, Error> {
         let n = |s: &str| format!("layer.{idx}.{s}");
-        let norm = push(body, rmsnorm(&n("layer_norm")));
+        let norm = push(body, t5_norm(&n("layer_norm")));
         if gated {
             push(body, linear(&n("DenseReluDense.wi_0"), d_ff, false));
             let act = push(
@@ -1310,7 +1318,7 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
         Ok(push(body, add(&n("residual"), residual, &prev)))
     };
     let self_attn = |body: &mut Vec<LayerSpec>, causal: bool| -> String {
-        push(body, rmsnorm("layer.0.layer_norm"));
+        push(body, t5_norm("layer.0.layer_norm"));
         let prev = push(
             body,
             LayerSpec {
@@ -1346,7 +1354,7 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     let r = self_attn(&mut body, false);
     ff(&mut body, 1, &r)?;
     push(&mut out, repeat("encoder.block", enc_layers, body));
-    let prev = push(&mut out, rmsnorm("encoder.final_layer_norm"));
+    let prev = push(&mut out, t5_norm("encoder.final_layer_norm"));
     let encoder_out = push_dropout(&mut out, "encoder.dropout.final", p_drop, prev);
     // Decoder, on the labels shifted right.
     push(
@@ -1368,7 +1376,7 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     );
     let mut body = Vec::new();
     let r = self_attn(&mut body, true);
-    let norm = push(&mut body, rmsnorm("layer.1.layer_norm"));
+    let norm = push(&mut body, t5_norm("layer.1.layer_norm"));
     let prev = push(
         &mut body,
         with_inputs(
@@ -1386,7 +1394,7 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     let r = push(&mut body, add("layer.1.residual", &r, &prev));
     ff(&mut body, 2, &r)?;
     push(&mut out, repeat("decoder.block", dec_layers, body));
-    let prev = push(&mut out, rmsnorm("decoder.final_layer_norm"));
+    let prev = push(&mut out, t5_norm("decoder.final_layer_norm"));
     let prev = push_dropout(&mut out, "decoder.dropout.final", p_drop, prev);
     match head {
         Resolved::Bare => {}

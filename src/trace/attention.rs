@@ -477,6 +477,9 @@ impl Tracer<'_> {
         };
         let probs = self.unary(masked, "_softmax", Keep::Output, false)?;
         let probs = self.dropout(probs, c.dropout, false)?;
+        // Under autocast the second matmul reads (and keeps) a 16-bit copy of float32 weights
+        // (T5 adds a float32 position bias, so its softmax runs in float32).
+        let probs = self.autocast_input(probs)?;
         let vm = self.contiguous(v)?;
         let rg = self.rg(probs) || self.rg(vm);
         let ctx = self.fresh(Shape::from([b, heads, s, hd]), qv.dtype, "context", rg)?;

@@ -346,6 +346,39 @@ impl Tracer<'_> {
         self.mul(w, back)
     }
 
+    /// transformers' `T5LayerNorm.forward`: `v = x.to(float32).pow(2).mean(-1)`;
+    /// `h = x * rsqrt(v + eps)` (promoted to float32); `h.to(weight.dtype)` when the weight is
+    /// 16-bit; `weight * h`. Keeps the float32 copy (for `pow`), the input itself and the rsqrt
+    /// (for the product), and the cast result (for the weight's gradient).
+    pub(super) fn rms_norm_t5(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let h = self.upcast_f32(x)?;
+        let hv = self.val(h).clone();
+        let sq = self.unary(h, "pow", Keep::Input, false)?;
+        let var = self.fresh(
+            xv.shape.with_last(1),
+            hv.dtype,
+            "variance",
+            hv.requires_grad,
+        )?;
+        self.push(Step {
+            op: "mean",
+            inputs: vec![sq],
+            outputs: vec![var],
+            ..self.blank()
+        });
+        let var_eps = self.unary(var, "add", Keep::Nothing, false)?;
+        let r = self.unary(var_eps, "rsqrt", Keep::Output, false)?;
+        let normed = self.mul(x, r)?;
+        let wdt = self.val(w).dtype;
+        let back = if matches!(wdt, DType::Float16 | DType::Bfloat16) {
+            self.cast(normed, wdt)?
+        } else {
+            normed
+        };
+        self.mul(w, back)
+    }
+
     /// Cross-entropy: `log_softmax` keeps its result, `nll_loss` keeps the labels
     /// (`derivatives.yaml` `_log_softmax`, `nll_loss_forward`).
     pub(super) fn cross_entropy(

@@ -250,10 +250,14 @@ impl Tracer<'_> {
                 });
                 Ok(y)
             }
-            Op::RmsNorm => {
+            Op::RmsNorm { t5 } => {
                 let h = self.last_dim(&xv, "rmsnorm")?;
                 let w = self.param(Shape::from([h]), train)?;
-                self.rms_norm(x, w)
+                if *t5 {
+                    self.rms_norm_t5(x, w)
+                } else {
+                    self.rms_norm(x, w)
+                }
             }
             Op::GroupNorm { groups, affine } => {
                 if xv.shape.rank() < 2 {
