@@ -377,6 +377,10 @@ pub enum Op {
         /// Sliding-window attention (Mistral): the inference KV cache holds at most this many
         /// tokens.
         sliding_window: Option<u64>,
+        /// Eager softmax in float32 (`softmax(.., dtype=torch.float32).to(query.dtype)`, as
+        /// transformers' Llama-family and T5 attention do): in a 16-bit model it keeps a float32
+        /// copy of the probabilities and a 16-bit one.
+        softmax_f32: bool,
     },
     /// Cross-attention (T5's decoder): queries from the first input `[B, S, H]`, keys and values
     /// projected from the second (the encoder output `[B, S_enc, H]`); params as `attention`.
@@ -1009,6 +1013,10 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                     "fused_qkv",
                     "rotary",
                     "dropout",
+                    "qk_norm",
+                    "position_bias",
+                    "sliding_window",
+                    "softmax_f32",
                 ],
             )?;
             let style = match s.style.as_deref() {
@@ -1027,6 +1035,11 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                     "`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})"
                 ));
             }
+            if s.qk_norm == Some(true)
+                && (s.fused_qkv == Some(true) || s.style.as_deref() == Some("torch"))
+            {
+                return Err("`qk_norm` needs separate Q and K projections (not `fused_qkv` or style = \"torch\")".into());
+            }
             let bias = s.bias.unwrap_or(true);
             Op::Attention {
                 style,
@@ -1043,6 +1056,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                 qk_norm: s.qk_norm.unwrap_or(false),
                 position_bias: s.position_bias.unwrap_or(false),
                 sliding_window: positive_opt(s.sliding_window, "sliding_window")?,
+                softmax_f32: s.softmax_f32.unwrap_or(false),
             }
         }
         K::CrossAttention => {

@@ -921,6 +921,8 @@ fn decoder_layer(
         dropout: (a.dropout > 0.0).then_some(a.dropout),
         qk_norm: (family == Family::Qwen3).then_some(true),
         sliding_window: a.sliding_window,
+        // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
+        softmax_f32: Some(true),
         ..layer(K::Attention, "self_attn")
     };
     if family == Family::Phi3 {

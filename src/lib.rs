@@ -96,6 +96,6 @@ pub fn estimate_spec(
     let model = graph::build(spec, name)?;
     let settings = settings::Settings::resolve(&model.defaults, overrides)?;
     let tape = trace::trace(&model, &settings)?;
-    let sim = sim::simulate(&tape, &settings);
+    let sim = sim::simulate(&tape, &settings)?;
     Ok(Report::new(&model.name, &settings, &tape, &sim, budget))
 }

@@ -593,7 +593,13 @@ impl Settings {
         let recipe = match o.recipe {
             Some(name) => resolve_recipe(name, o)?,
             None => {
-                let dtype = o.dtype.or(defaults.dtype).unwrap_or(DType::Float32);
+                // `--amp` keeps float32 weights: a file's default dtype gives way to it.
+                let file_dtype = if o.amp.is_some() {
+                    None
+                } else {
+                    defaults.dtype
+                };
+                let dtype = o.dtype.or(file_dtype).unwrap_or(DType::Float32);
                 if !dtype.is_float() {
                     return Err(Error::Setting(format!(
                         "dtype `{dtype}` is not a floating-point type; parameters need one (e.g. float32, bfloat16)"

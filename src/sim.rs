@@ -26,6 +26,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::Error;
 use crate::settings::Settings;
 use crate::trace::{Param, StorageKind, Tape};
 
@@ -184,6 +185,8 @@ struct State<'a> {
     live_act_max: u64,
     /// Category an Activation storage counts in while live.
     act_cat: Vec<Category>,
+    /// A running total overflowed 64 bits.
+    overflow: bool,
 }
 
 impl State<'_> {
@@ -201,7 +204,18 @@ impl State<'_> {
         if !self.live[s] {
             self.live[s] = true;
             let c = self.category(s).index();
-            self.cur[c] += self.tape.storages[s].bytes;
+            self.add(c, self.tape.storages[s].bytes);
+        }
+    }
+
+    /// Adds to a category's running total; an overflow saturates and is reported at the end.
+    fn add(&mut self, c: usize, bytes: u64) {
+        match self.cur[c].checked_add(bytes) {
+            Some(v) => self.cur[c] = v,
+            None => {
+                self.cur[c] = u64::MAX;
+                self.overflow = true;
+            }
         }
     }
 
@@ -214,14 +228,21 @@ impl State<'_> {
     }
 
     fn check(&mut self, phase: Phase, layer: Option<usize>) {
-        let total: u64 = self.cur.iter().sum();
+        let total = self
+            .cur
+            .iter()
+            .try_fold(0u64, |a, &c| a.checked_add(c))
+            .unwrap_or_else(|| {
+                self.overflow = true;
+                u64::MAX
+            });
         for (m, c) in self.max.iter_mut().zip(self.cur) {
             *m = (*m).max(c);
         }
         if phase == Phase::Forward {
             let acts = self.cur[Category::Activations.index()]
-                + self.cur[Category::Temporaries.index()]
-                + self.cur[Category::KvCache.index()];
+                .saturating_add(self.cur[Category::Temporaries.index()])
+                .saturating_add(self.cur[Category::KvCache.index()]);
             self.live_act_max = self.live_act_max.max(acts);
         }
         if total > self.peak {
@@ -234,15 +255,16 @@ impl State<'_> {
 }
 
 /// Simulates one step of the traced model.
-#[must_use]
+///
+/// # Errors
+/// [`Error::Overflow`] when a memory total does not fit in 64 bits.
 #[allow(clippy::too_many_lines)] // the three phases read best in one place
-pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
+pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
     let n_storages = tape.storages.len();
     let training = settings.training();
     // Liveness facts per storage.
     let mut last_use = vec![0usize; n_storages];
     let mut saved_fwd = vec![false; n_storages];
-    let mut saved_any = vec![false; n_storages];
     let mut bwd_free_at = vec![usize::MAX; n_storages];
     let mut held = vec![false; n_storages];
     for &s in &tape.held {
@@ -259,17 +281,44 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
             last_use[s] = last_use[s].max(i);
         }
         for &s in &step.saves {
-            saved_any[s] = true;
             if step.segment.is_none() {
                 saved_fwd[s] = true;
             }
             bwd_free_at[s] = bwd_free_at[s].min(i);
         }
     }
-    for seg in &tape.segments {
-        saved_fwd[seg.input] = true;
-        saved_any[seg.input] = true;
-        bwd_free_at[seg.input] = bwd_free_at[seg.input].min(seg.start);
+    // A checkpointed block keeps the tensors it reads from outside (its input, and e.g. the
+    // encoder output or a position bias) until its backward: reentrant checkpointing saves the
+    // block's tensor arguments.
+    let seg_inputs: Vec<Vec<usize>> = tape
+        .segments
+        .iter()
+        .map(|seg| {
+            let steps = &tape.steps[seg.start..seg.end];
+            let inside: std::collections::HashSet<usize> = steps
+                .iter()
+                .flat_map(|st| st.allocs.iter().copied())
+                .collect();
+            let mut outside = vec![seg.input];
+            for st in steps {
+                for &v in &st.inputs {
+                    let s = tape.values[v].storage;
+                    if tape.storages[s].kind == StorageKind::Activation
+                        && !inside.contains(&s)
+                        && !outside.contains(&s)
+                    {
+                        outside.push(s);
+                    }
+                }
+            }
+            outside
+        })
+        .collect();
+    for (seg, inputs) in tape.segments.iter().zip(&seg_inputs) {
+        for &s in inputs {
+            saved_fwd[s] = true;
+            bwd_free_at[s] = bwd_free_at[s].min(seg.start);
+        }
     }
     let act_cat: Vec<Category> = (0..n_storages)
         .map(|s| {
@@ -295,18 +344,18 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
             let st = &tape.storages[s];
             if st.kind == StorageKind::Activation && !counted[s] {
                 counted[s] = true;
-                saved_bytes += st.bytes;
-                saved_by_layer[step.layer] += st.bytes;
+                saved_bytes = saved_bytes.saturating_add(st.bytes);
+                saved_by_layer[step.layer] = saved_by_layer[step.layer].saturating_add(st.bytes);
             }
         }
     }
     // Checkpoint inputs saved outside any step's own saves.
-    for seg in &tape.segments {
-        let s = seg.input;
+    for s in seg_inputs.iter().flatten().copied() {
         if tape.storages[s].kind == StorageKind::Activation && !counted[s] {
             counted[s] = true;
-            saved_bytes += tape.storages[s].bytes;
-            saved_by_layer[tape.storages[s].layer] += tape.storages[s].bytes;
+            saved_bytes = saved_bytes.saturating_add(tape.storages[s].bytes);
+            saved_by_layer[tape.storages[s].layer] =
+                saved_by_layer[tape.storages[s].layer].saturating_add(tape.storages[s].bytes);
         }
     }
 
@@ -328,6 +377,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         at_peak: [0; Category::COUNT],
         max: [0; Category::COUNT],
         live_act_max: 0,
+        overflow: false,
         act_cat,
     };
     for (s, storage) in tape.storages.iter().enumerate() {
@@ -383,6 +433,12 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
             .enumerate()
             .map(|(i, s)| (s.end, i))
             .collect();
+        let seg_by_start: HashMap<usize, usize> = tape
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.start, i))
+            .collect();
         for i in (0..tape.steps.len()).rev() {
             if let Some(&g) = seg_by_end.get(&(i + 1)) {
                 // Recompute the checkpointed block: what its own operators save stays for their
@@ -434,28 +490,38 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
                 let bytes = grad_dtype.bytes_for(numel).unwrap_or(0);
                 if val.param {
                     if param_done[v] {
-                        transient += bytes;
+                        transient = transient.saturating_add(bytes);
                     } else {
                         param_done[v] = true;
-                        gradient_bytes += bytes;
-                        st.cur[Category::Gradients.index()] += bytes;
+                        gradient_bytes = gradient_bytes.saturating_add(bytes);
+                        st.add(Category::Gradients.index(), bytes);
                     }
                 } else if let Some(m) = moved.take() {
-                    *grads.entry(v).or_insert(0) += m;
+                    // The input's gradient is a view of the output's; when the input already has
+                    // one, autograd adds this one into it and it dies.
+                    match grads.entry(v) {
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(m);
+                        }
+                        std::collections::hash_map::Entry::Occupied(_) => {
+                            st.cur[temp] -= m;
+                            transient += m;
+                        }
+                    }
                 } else if let std::collections::hash_map::Entry::Vacant(e) = grads.entry(v) {
                     e.insert(bytes);
-                    st.cur[temp] += bytes;
+                    st.add(temp, bytes);
                 } else {
-                    transient += bytes;
+                    transient = transient.saturating_add(bytes);
                 }
             }
             if let Some(m) = moved {
                 // Nothing took the view: the gradient dies here.
                 st.cur[temp] -= m;
             }
-            st.cur[temp] += transient;
+            st.add(temp, transient);
             st.check(Phase::Backward, Some(step.layer));
-            st.cur[temp] -= transient;
+            st.cur[temp] = st.cur[temp].saturating_sub(transient);
             if !step.view_grad {
                 for o in &step.outputs {
                     if let Some(b) = grads.remove(o) {
@@ -471,13 +537,11 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
                     st.free(s);
                 }
             }
-            if let Some(seg) = tape.segments.iter().find(|seg| seg.start == i) {
-                let s = seg.input;
-                if bwd_free_at[s] == i
-                    && !held[s]
-                    && tape.storages[s].kind == StorageKind::Activation
-                {
-                    st.free(s);
+            if let Some(&g) = seg_by_start.get(&i) {
+                for &s in &seg_inputs[g] {
+                    if bwd_free_at[s] == i && !held[s] {
+                        st.free(s);
+                    }
                 }
             }
         }
@@ -488,17 +552,29 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         // `_copy_model_grads_to_main_grads`: `main_param.grad = model_param.grad.float()`,
         // `model_param.grad = None`); then the `foreach` temporaries.
         let (copies, freed) = plan.master_grad_copies(&param_done);
-        optimizer_temp_bytes = copies + plan.temp_bytes;
+        optimizer_temp_bytes = copies.saturating_add(plan.temp_bytes);
         let (g, t) = (Category::Gradients.index(), Category::Temporaries.index());
         let freed = freed.min(st.cur[g]);
         st.cur[g] -= freed;
-        st.cur[t] += optimizer_temp_bytes;
+        st.add(t, optimizer_temp_bytes);
         st.check(Phase::OptimizerStep, None);
-        st.cur[t] -= optimizer_temp_bytes;
-        st.cur[g] += freed;
+        st.cur[t] = st.cur[t].saturating_sub(optimizer_temp_bytes);
+        st.cur[g] = st.cur[g].saturating_add(freed);
+    }
+    let overflowed = st.overflow
+        || [
+            saved_bytes,
+            gradient_bytes,
+            optimizer_state_bytes,
+            master_weights_bytes,
+            optimizer_temp_bytes,
+        ]
+        .contains(&u64::MAX);
+    if overflowed {
+        return Err(Error::Overflow("the memory total of the step".into()));
     }
 
-    Simulation {
+    Ok(Simulation {
         peak_bytes: st.peak,
         peak_phase: st.peak_phase,
         peak_layer: st.peak_layer,
@@ -515,7 +591,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Simulation {
         optimizer_state_bytes,
         master_weights_bytes,
         optimizer_temp_bytes,
-    }
+    })
 }
 
 /// What the optimizer keeps and allocates, per the recipe: state, master weights, temporaries.

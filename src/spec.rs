@@ -287,6 +287,8 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qk_norm: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub softmax_f32: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub position_bias: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_buckets: Option<u64>,
@@ -573,7 +575,22 @@ impl LayerSpec {
             rotary,
             dropout,
             shift,
-            upcast
+            upcast,
+            experts,
+            top_k,
+            intermediate_size,
+            shared_intermediate_size,
+            shared_gate,
+            normalize_topk,
+            qk_norm,
+            position_bias,
+            num_buckets,
+            sliding_window,
+            factor,
+            concat,
+            start,
+            length,
+            softmax_f32
         );
         keys.into_keys().collect()
     }

@@ -475,7 +475,20 @@ impl Tracer<'_> {
             None if c.causal => self.unary(scaled, "add", Keep::Nothing, false)?,
             None => scaled,
         };
-        let probs = self.unary(masked, "_softmax", Keep::Output, false)?;
+        // Llama-family and T5 code runs the softmax in float32 and casts the result back;
+        // CUDA autocast runs it in float32 too.
+        let probs = if c.softmax_f32 || self.autocast_f32_norms() {
+            let back = self.val(masked).dtype;
+            let up = self.upcast_f32(masked)?;
+            let p = self.unary(up, "_softmax", Keep::Output, false)?;
+            if c.softmax_f32 {
+                self.cast(p, back)?
+            } else {
+                p
+            }
+        } else {
+            self.unary(masked, "_softmax", Keep::Output, false)?
+        };
         let probs = self.dropout(probs, c.dropout, false)?;
         // Under autocast the second matmul reads (and keeps) a 16-bit copy of float32 weights
         // (T5 adds a float32 position bias, so its softmax runs in float32).
@@ -517,6 +530,7 @@ impl Tracer<'_> {
 }
 
 pub(super) struct AttnCfg {
+    pub(super) softmax_f32: bool,
     pub(super) qk_norm: bool,
     pub(super) position_bias: bool,
     pub(super) sliding_window: Option<u64>,

@@ -604,7 +604,7 @@ impl Tracer<'_> {
                     let copies =
                         checked(repeat.checked_mul(*count), "the number of repeated copies")?;
                     let mut x = inputs[0];
-                    for _ in 0..*count {
+                    for copy in 0..*count {
                         if self.tape.steps.len() > MAX_STEPS {
                             self.label.clone_from(&layer.label);
                             return Err(self.err(format!("the model traces to more than {MAX_STEPS} operators after repeating blocks; lower `count`")));
@@ -638,8 +638,11 @@ impl Tracer<'_> {
                             self.tape.segments[seg].end = self.tape.steps.len();
                         }
                         let after = self.val(y);
+                        // Autocast may change the dtype once, in the first copy; from then on each
+                        // copy must return what it was given.
                         if *count > 1
-                            && (after.shape != before.shape || after.dtype != before.dtype)
+                            && (after.shape != before.shape
+                                || (copy > 0 && after.dtype != before.dtype))
                         {
                             let (s2, d2) = (after.shape.clone(), after.dtype);
                             self.label.clone_from(&layer.label);

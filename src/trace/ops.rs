@@ -808,8 +808,10 @@ impl Tracer<'_> {
                 qk_norm,
                 position_bias,
                 sliding_window,
+                softmax_f32,
             } => {
                 let cfg = AttnCfg {
+                    softmax_f32: *softmax_f32,
                     qk_norm: *qk_norm,
                     position_bias: *position_bias,
                     sliding_window: *sliding_window,
@@ -836,6 +838,7 @@ impl Tracer<'_> {
                 dropout,
             } => {
                 let cfg = AttnCfg {
+                    softmax_f32: false,
                     qk_norm: false,
                     position_bias: false,
                     sliding_window: None,
