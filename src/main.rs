@@ -229,8 +229,17 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         out.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
-    if cli.seq.is_some() && !spec.input.shape.contains(&memest::spec::DimSpec::Seq) {
-        eprintln!("warning: --seq has no effect: the input of {display} has no \"seq\" dimension");
+    if (cli.seq.is_some() || cli.context.is_some())
+        && !spec.input.shape.contains(&memest::spec::DimSpec::Seq)
+    {
+        eprintln!(
+            "warning: --seq/--context set no length: the input of {display} has no \"seq\" dimension"
+        );
+    }
+    let quant_flags =
+        std::env::args().any(|a| a.starts_with("--group-size") || a.starts_with("--double-quant"));
+    if quant_flags && quant.is_none() {
+        eprintln!("warning: --group-size and --double-quant apply only to --dtype int4 and nf4");
     }
     let mut report = memest::estimate_spec(&spec, &name, &overrides, cli.budget)
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;

@@ -157,11 +157,12 @@ pub struct LayerInfo {
 /// A parameter tensor.
 #[derive(Clone, Debug)]
 pub struct Param {
-    /// Shape.
+    /// Shape, e.g. `[out_features, in_features]`.
     pub shape: Shape,
-    /// Elements.
+    /// Elements (the parameter count).
     pub numel: u64,
-    /// Bytes.
+    /// Bytes as stored: numel × element size, or for a quantized weight its packed values plus
+    /// scales and zero points (its value's `dtype` is then the compute dtype).
     pub bytes: u64,
     /// Trains (has a gradient and optimizer state).
     pub trainable: bool,
@@ -690,8 +691,8 @@ impl Tracer<'_> {
         };
     }
 
-    /// Records this layer's parameter and buffer figures (for one copy) the first time it is
-    /// traced.
+    /// Records this layer's parameter and buffer figures for one copy (every copy traces the
+    /// same figures).
     fn note_params(&mut self, first_param: usize, first_storage: usize) {
         let params = &self.tape.params[first_param..];
         let numel: u64 = params.iter().map(|p| p.numel).sum();
