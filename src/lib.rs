@@ -27,6 +27,7 @@ pub mod graph;
 pub mod hf;
 pub mod render;
 pub mod report;
+pub mod search;
 pub mod settings;
 pub mod shape;
 pub mod sim;

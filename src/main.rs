@@ -245,26 +245,19 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
     let mut found = None;
     if let (Some(budget), true) = (cli.budget, cli.max_batch || cli.max_context) {
-        let (what, start) = if cli.max_batch {
-            ("batch", report.settings.batch)
+        use memest::search::Dimension;
+        let (dim, start) = if cli.max_batch {
+            (Dimension::Batch, report.settings.batch)
         } else {
             let seq = report.settings.seq.ok_or_else(|| {
                 anyhow::anyhow!(
                     "{display}: --max-context needs a model with a \"seq\" input dimension"
                 )
             })?;
-            ("context", seq)
+            (Dimension::Context, seq)
         };
-        let estimate_at = |v: u64| {
-            let mut o = overrides.clone();
-            if cli.max_batch {
-                o.batch = Some(v);
-            } else {
-                o.seq = Some(v);
-            }
-            memest::estimate_spec(&spec, &name, &o, Some(budget)).ok()
-        };
-        match largest_fitting(estimate_at, start) {
+        let what = dim.name();
+        match memest::search::max_fitting(&spec, &name, &overrides, budget, dim, start) {
             Some((v, r)) => {
                 report = r;
                 found = Some((what, v));
@@ -328,44 +321,6 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The largest value `v ≥ 1` whose estimate fits its budget, with that estimate: doubling, then
-/// bisection (estimates grow with batch and context), from 1 or, when 1 is not a valid size for
-/// the model, from `start` (the size asked for). `None` when neither fits. Values whose estimate
-/// fails (an invalid shape, a size overflow) count as not fitting.
-fn largest_fitting(
-    estimate_at: impl Fn(u64) -> Option<memest::Report>,
-    start: u64,
-) -> Option<(u64, memest::Report)> {
-    let fits = |v: u64| estimate_at(v).filter(|r| r.budget.as_ref().is_some_and(|b| b.fits));
-    let mut best = match fits(1) {
-        Some(r) => (1, r),
-        None => (start, fits(start)?),
-    };
-    let mut hi = best.0.saturating_mul(2);
-    loop {
-        match fits(hi) {
-            Some(r) if hi < (1 << 40) => {
-                best = (hi, r);
-                hi *= 2;
-            }
-            Some(r) => return Some((hi, r)),
-            None => break,
-        }
-    }
-    let mut lo = best.0;
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        match fits(mid) {
-            Some(r) => {
-                best = (mid, r);
-                lo = mid;
-            }
-            None => hi = mid,
-        }
-    }
-    Some(best)
 }
 
 /// `file:line:col: msg` for positioned errors, `file: msg` otherwise.
