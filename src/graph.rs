@@ -121,6 +121,17 @@ pub enum AttnStyle {
     TorchMha,
 }
 
+/// Which transformers RMSNorm an `rmsnorm` layer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmsStyle {
+    /// `LlamaRMSNorm` (Llama, Mistral, Qwen, Phi-3, Mixtral).
+    Llama,
+    /// `T5LayerNorm`.
+    T5,
+    /// `GemmaRMSNorm`.
+    Gemma,
+}
+
 /// How a free parameter tensor joins the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Combine {
@@ -193,9 +204,10 @@ pub enum Op {
     /// `LlamaRMSNorm` (default): upcast to float32, `h·rsqrt(mean(h²)+ε)`, back to the input
     /// dtype, times weight. `T5LayerNorm` (`style = "t5"`): the variance from a float32 copy, but
     /// `x·rsqrt(..)` on the input itself, cast to a 16-bit weight's dtype, times weight.
+    /// `GemmaRMSNorm` (`style = "gemma"`): all in float32, times `(1 + weight)`, cast back.
     RmsNorm {
-        /// T5's variant.
-        t5: bool,
+        /// Which implementation.
+        style: RmsStyle,
     },
     /// `nn.GroupNorm` over dimension 1: params `2C`.
     GroupNorm {
@@ -742,16 +754,17 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
         }
         K::RmsNorm => {
             check_keys(s, &["style"])?;
-            let t5 = match s.style.as_deref() {
-                None | Some("llama") => false,
-                Some("t5") => true,
+            let style = match s.style.as_deref() {
+                None | Some("llama") => RmsStyle::Llama,
+                Some("t5") => RmsStyle::T5,
+                Some("gemma") => RmsStyle::Gemma,
                 Some(other) => {
                     return Err(format!(
-                        "unknown `style` value `{other}`, expected \"llama\" or \"t5\""
+                        "unknown `style` value `{other}`, expected \"llama\", \"t5\" or \"gemma\""
                     ));
                 }
             };
-            Op::RmsNorm { t5 }
+            Op::RmsNorm { style }
         }
         K::GroupNorm => {
             check_keys(s, &["num_groups", "affine"])?;

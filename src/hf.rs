@@ -498,6 +498,18 @@ fn rmsnorm(name: &str) -> LayerSpec {
     layer(K::RmsNorm, name)
 }
 
+/// The family's RMSNorm: Gemma's `GemmaRMSNorm` (`x·(1 + w)` in float32) or Llama's.
+fn family_norm(family: Family, name: &str) -> LayerSpec {
+    if family == Family::Gemma {
+        LayerSpec {
+            style: Some("gemma".into()),
+            ..rmsnorm(name)
+        }
+    } else {
+        rmsnorm(name)
+    }
+}
+
 fn cross_entropy(shift: bool, upcast: bool) -> LayerSpec {
     LayerSpec {
         shift: shift.then_some(true),
@@ -882,7 +894,7 @@ fn decoder(cfg: &Cfg, family: Family, head: Resolved) -> Result<(Vec<LayerSpec>,
             ),
         );
     }
-    push(&mut out, rmsnorm(&p("norm")));
+    push(&mut out, family_norm(family, &p("norm")));
     causal_head(&mut out, cfg, head, vocab, tie.then_some(embed.as_str()))?;
     Ok((out, max_pos))
 }
@@ -909,7 +921,7 @@ fn decoder_layer(
     resid_dropout: f64,
 ) -> Result<Vec<LayerSpec>, Error> {
     let mut body = Vec::new();
-    push(&mut body, rmsnorm("input_layernorm"));
+    push(&mut body, family_norm(family, "input_layernorm"));
     let mut attn = LayerSpec {
         heads: Some(a.heads),
         kv_heads: (a.kv_heads != a.heads).then_some(a.kv_heads),
@@ -932,7 +944,7 @@ fn decoder_layer(
     let prev = push(&mut body, attn);
     let prev = push_dropout(&mut body, "resid_attn_dropout", resid_dropout, prev);
     let residual1 = push(&mut body, add("residual1", "input", &prev));
-    let norm2 = push(&mut body, rmsnorm("post_attention_layernorm"));
+    let norm2 = push(&mut body, family_norm(family, "post_attention_layernorm"));
     let prev = match mlp {
         Mlp::Dense(intermediate) if family == Family::Phi3 => {
             // Phi3MLP: one fused gate_up_proj, `chunk(2, dim=-1)` into two views of its output,

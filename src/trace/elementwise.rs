@@ -379,6 +379,35 @@ impl Tracer<'_> {
         self.mul(w, back)
     }
 
+    /// transformers' `GemmaRMSNorm.forward`: `h = x.float()`; `n = h·rsqrt(mean(h²)+ε)`;
+    /// `n·(1 + w.float())`, cast back to the input dtype. Keeps the float32 input, the rsqrt,
+    /// the float32 normalized tensor and the `[H]` float32 `1 + w`.
+    pub(super) fn rms_norm_gemma(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let h = self.upcast_f32(x)?;
+        let hv = self.val(h).clone();
+        let sq = self.unary(h, "pow", Keep::Input, false)?;
+        let var = self.fresh(
+            xv.shape.with_last(1),
+            hv.dtype,
+            "variance",
+            hv.requires_grad,
+        )?;
+        self.push(Step {
+            op: "mean",
+            inputs: vec![sq],
+            outputs: vec![var],
+            ..self.blank()
+        });
+        let var_eps = self.unary(var, "add", Keep::Nothing, false)?;
+        let r = self.unary(var_eps, "rsqrt", Keep::Output, false)?;
+        let normed = self.mul(h, r)?;
+        let wf = self.upcast_f32(w)?;
+        let one_plus = self.unary(wf, "add", Keep::Nothing, false)?;
+        let out = self.mul(normed, one_plus)?;
+        self.cast(out, xv.dtype)
+    }
+
     /// Cross-entropy: `log_softmax` keeps its result, `nll_loss` keeps the labels
     /// (`derivatives.yaml` `_log_softmax`, `nll_loss_forward`).
     pub(super) fn cross_entropy(

@@ -26,7 +26,9 @@ use serde::Serialize;
 
 use crate::dtype::DType;
 use crate::error::{Error, LayerError};
-use crate::graph::{Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op};
+use crate::graph::{
+    Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op, RmsStyle,
+};
 use crate::settings::{AttentionImpl, Device, Quant, Settings};
 use crate::shape::Shape;
 use crate::spec::{DimSpec, Pair};

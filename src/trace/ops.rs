@@ -250,13 +250,13 @@ impl Tracer<'_> {
                 });
                 Ok(y)
             }
-            Op::RmsNorm { t5 } => {
+            Op::RmsNorm { style } => {
                 let h = self.last_dim(&xv, "rmsnorm")?;
                 let w = self.param(Shape::from([h]), train)?;
-                if *t5 {
-                    self.rms_norm_t5(x, w)
-                } else {
-                    self.rms_norm(x, w)
+                match style {
+                    RmsStyle::Llama => self.rms_norm(x, w),
+                    RmsStyle::T5 => self.rms_norm_t5(x, w),
+                    RmsStyle::Gemma => self.rms_norm_gemma(x, w),
                 }
             }
             Op::GroupNorm { groups, affine } => {
