@@ -159,7 +159,7 @@ impl Tracer<'_> {
                         ..self.blank()
                     });
                     let w = self.param(Shape::from([hd]), train)?;
-                    let normed = self.rms_norm(split, w)?;
+                    let normed = self.rms_norm(split, w, RmsStyle::Llama)?;
                     let t = self.view_of(
                         normed,
                         Shape::from([b, n, len, hd]),

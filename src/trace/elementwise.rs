@@ -312,45 +312,21 @@ impl Tracer<'_> {
         Ok(y)
     }
 
-    /// transformers' `LlamaRMSNorm.forward`: `h = x.to(float32)`; `v = h.pow(2).mean(-1)`;
-    /// `h = h * rsqrt(v + eps)`; `weight * h.to(input_dtype)`. Saves the float32 input (for
-    /// `pow` and `mul`), the `[.., 1]` rsqrt, and the normalized tensor in the input dtype.
-    pub(super) fn rms_norm(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
-        let xv = self.val(x).clone();
-        let h = self.upcast_f32(x)?;
-        let hv = self.val(h).clone();
-        let rows = xv.shape.with_last(1);
-        let sq = self.unary(h, "pow", Keep::Input, false)?;
-        let var = self.fresh(rows.clone(), hv.dtype, "variance", hv.requires_grad)?;
-        self.push(Step {
-            op: "mean",
-            inputs: vec![sq],
-            outputs: vec![var],
-            ..self.blank()
-        });
-        let var_eps = self.unary(var, "add", Keep::Nothing, false)?;
-        let r = self.unary(var_eps, "rsqrt", Keep::Output, false)?;
-        let normed = self.mul(h, r)?;
-        let back = if xv.dtype == DType::Float32 || self.s.amp.is_some() {
-            normed
-        } else {
-            let b = self.fresh(xv.shape.clone(), xv.dtype, "normalized", hv.requires_grad)?;
-            self.push(Step {
-                op: "_to_copy",
-                inputs: vec![normed],
-                outputs: vec![b],
-                ..self.blank()
-            });
-            b
-        };
-        self.mul(w, back)
-    }
-
-    /// transformers' `T5LayerNorm.forward`: `v = x.to(float32).pow(2).mean(-1)`;
-    /// `h = x * rsqrt(v + eps)` (promoted to float32); `h.to(weight.dtype)` when the weight is
-    /// 16-bit; `weight * h`. Keeps the float32 copy (for `pow`), the input itself and the rsqrt
-    /// (for the product), and the cast result (for the weight's gradient).
-    pub(super) fn rms_norm_t5(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
+    /// RMSNorm as transformers writes it. All three variants compute the statistic the same
+    /// way: `h = x.to(float32)` (a copy for 16-bit input, kept by `pow`), `v = h.pow(2).mean(-1)`,
+    /// `r = rsqrt(v + eps)` (kept, `[.., 1]`). Then:
+    /// - `LlamaRMSNorm`: `n = h·r` (keeps `h` and `r`), `weight * n.to(input_dtype)` (keeps
+    ///   the cast);
+    /// - `T5LayerNorm`: `n = x·r` on the input itself (keeps `x` and `r`), cast to a 16-bit
+    ///   weight's dtype, `weight * n` (keeps the cast);
+    /// - `GemmaRMSNorm`: `n = h·r`, `n·(1 + w.float())` (keeps `n` and the `[H]` `1 + w`), cast
+    ///   back to the input dtype.
+    pub(super) fn rms_norm(
+        &mut self,
+        x: ValueId,
+        w: ValueId,
+        style: RmsStyle,
+    ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let h = self.upcast_f32(x)?;
         let hv = self.val(h).clone();
@@ -369,43 +345,35 @@ impl Tracer<'_> {
         });
         let var_eps = self.unary(var, "add", Keep::Nothing, false)?;
         let r = self.unary(var_eps, "rsqrt", Keep::Output, false)?;
-        let normed = self.mul(x, r)?;
-        let wdt = self.val(w).dtype;
-        let back = if matches!(wdt, DType::Float16 | DType::Bfloat16) {
-            self.cast(normed, wdt)?
-        } else {
-            normed
-        };
-        self.mul(w, back)
-    }
-
-    /// transformers' `GemmaRMSNorm.forward`: `h = x.float()`; `n = h·rsqrt(mean(h²)+ε)`;
-    /// `n·(1 + w.float())`, cast back to the input dtype. Keeps the float32 input, the rsqrt,
-    /// the float32 normalized tensor and the `[H]` float32 `1 + w`.
-    pub(super) fn rms_norm_gemma(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
-        let xv = self.val(x).clone();
-        let h = self.upcast_f32(x)?;
-        let hv = self.val(h).clone();
-        let sq = self.unary(h, "pow", Keep::Input, false)?;
-        let var = self.fresh(
-            xv.shape.with_last(1),
-            hv.dtype,
-            "variance",
-            hv.requires_grad,
-        )?;
-        self.push(Step {
-            op: "mean",
-            inputs: vec![sq],
-            outputs: vec![var],
-            ..self.blank()
-        });
-        let var_eps = self.unary(var, "add", Keep::Nothing, false)?;
-        let r = self.unary(var_eps, "rsqrt", Keep::Output, false)?;
-        let normed = self.mul(h, r)?;
-        let wf = self.upcast_f32(w)?;
-        let one_plus = self.unary(wf, "add", Keep::Nothing, false)?;
-        let out = self.mul(normed, one_plus)?;
-        self.cast(out, xv.dtype)
+        match style {
+            RmsStyle::Llama => {
+                let normed = self.mul(h, r)?;
+                // Under autocast the input is float32 already.
+                let back = if self.s.amp.is_some() {
+                    normed
+                } else {
+                    self.cast(normed, xv.dtype)?
+                };
+                self.mul(w, back)
+            }
+            RmsStyle::T5 => {
+                let normed = self.mul(x, r)?;
+                let wdt = self.val(w).dtype;
+                let back = if matches!(wdt, DType::Float16 | DType::Bfloat16) {
+                    self.cast(normed, wdt)?
+                } else {
+                    normed
+                };
+                self.mul(w, back)
+            }
+            RmsStyle::Gemma => {
+                let normed = self.mul(h, r)?;
+                let wf = self.upcast_f32(w)?;
+                let one_plus = self.unary(wf, "add", Keep::Nothing, false)?;
+                let out = self.mul(normed, one_plus)?;
+                self.cast(out, xv.dtype)
+            }
+        }
     }
 
     /// Cross-entropy: `log_softmax` keeps its result, `nll_loss` keeps the labels

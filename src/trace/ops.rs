@@ -253,11 +253,7 @@ impl Tracer<'_> {
             Op::RmsNorm { style } => {
                 let h = self.last_dim(&xv, "rmsnorm")?;
                 let w = self.param(Shape::from([h]), train)?;
-                match style {
-                    RmsStyle::Llama => self.rms_norm(x, w),
-                    RmsStyle::T5 => self.rms_norm_t5(x, w),
-                    RmsStyle::Gemma => self.rms_norm_gemma(x, w),
-                }
+                self.rms_norm(x, w, *style)
             }
             Op::GroupNorm { groups, affine } => {
                 if xv.shape.rank() < 2 {
