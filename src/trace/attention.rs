@@ -86,14 +86,7 @@ impl Tracer<'_> {
             // nn.MultiheadAttention(batch_first=True): the input is transposed to [S, B, E]
             // (so the packed in-projection copies it), and the projection is repacked into a
             // contiguous [3, S, B, E] tensor whose slices are Q, K and V.
-            let xt = self.view_of(x, xv.shape.clone(), Layout::Strided);
-            self.push(Step {
-                op: "transpose",
-                inputs: vec![x],
-                outputs: vec![xt],
-                view_grad: true,
-                ..self.blank()
-            });
+            let xt = self.view_op(x, xv.shape.clone(), Layout::Strided, "transpose", true);
             let proj = self.projection(xt, h, 3 * h, c.bias, train, "qkv")?;
             let pv = self.val(proj).clone();
             let packed = self.fresh(pv.shape.clone(), pv.dtype, "packed qkv", pv.requires_grad)?;
@@ -150,38 +143,31 @@ impl Tracer<'_> {
                     // Qwen3: RMSNorm over head_dim on the [B, S, heads, head_dim] view, then the
                     // head transpose of its (new, contiguous) output.
 
-                    let split = self.view_of(p, Shape::from([b, len, n, hd]), Layout::Contiguous);
-                    self.push(Step {
-                        op: "view",
-                        inputs: vec![p],
-                        outputs: vec![split],
-                        view_grad: true,
-                        ..self.blank()
-                    });
+                    let split = self.view_op(
+                        p,
+                        Shape::from([b, len, n, hd]),
+                        Layout::Contiguous,
+                        "view",
+                        true,
+                    );
                     let w = self.param(Shape::from([hd]), train)?;
                     let normed = self.rms_norm(split, w, RmsStyle::Llama)?;
-                    let t = self.view_of(
+                    let t = self.view_op(
                         normed,
                         Shape::from([b, n, len, hd]),
                         Layout::HeadsTransposed,
+                        "transpose",
+                        true,
                     );
-                    self.push(Step {
-                        op: "transpose",
-                        inputs: vec![normed],
-                        outputs: vec![t],
-                        view_grad: true,
-                        ..self.blank()
-                    });
                     t
                 } else {
-                    let t = self.view_of(p, Shape::from([b, n, len, hd]), Layout::HeadsTransposed);
-                    self.push(Step {
-                        op: "view",
-                        inputs: vec![p],
-                        outputs: vec![t],
-                        view_grad: true,
-                        ..self.blank()
-                    });
+                    let t = self.view_op(
+                        p,
+                        Shape::from([b, n, len, hd]),
+                        Layout::HeadsTransposed,
+                        "view",
+                        true,
+                    );
                     t
                 };
                 heads.push(hv);
@@ -296,14 +282,7 @@ impl Tracer<'_> {
         };
         let merged_shape = Shape::from([b, s, qd]);
         let merged = if free {
-            let m = self.view_of(ctx, merged_shape, Layout::Contiguous);
-            self.push(Step {
-                op: "view",
-                inputs: vec![ctx],
-                outputs: vec![m],
-                view_grad: true,
-                ..self.blank()
-            });
+            let m = self.view_op(ctx, merged_shape, Layout::Contiguous, "view", true);
             m
         } else {
             let m = self.fresh(merged_shape, cv.dtype, "merged heads", cv.requires_grad)?;
@@ -318,14 +297,7 @@ impl Tracer<'_> {
         let y = self.projection(merged, qd, h, c.out_bias, train, "o")?;
         if torch_mha {
             // The [S, B, E] result is transposed back to batch-first: a strided view.
-            let yt = self.view_of(y, xv.shape.clone(), Layout::Strided);
-            self.push(Step {
-                op: "transpose",
-                inputs: vec![y],
-                outputs: vec![yt],
-                view_grad: true,
-                ..self.blank()
-            });
+            let yt = self.view_op(y, xv.shape.clone(), Layout::Strided, "transpose", true);
             return Ok(yt);
         }
         Ok(y)

@@ -61,14 +61,7 @@ impl Tracer<'_> {
     /// `reshape`: a view of a contiguous input, else a copy.
     pub(super) fn reshape(&mut self, x: ValueId, shape: Shape) -> Result<ValueId, Error> {
         let xc = self.contiguous(x)?;
-        let y = self.view_of(xc, shape, Layout::Contiguous);
-        self.push(Step {
-            op: "view",
-            inputs: vec![xc],
-            outputs: vec![y],
-            view_grad: true,
-            ..self.blank()
-        });
+        let y = self.view_op(xc, shape, Layout::Contiguous, "view", true);
         Ok(y)
     }
 

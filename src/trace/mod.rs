@@ -437,6 +437,28 @@ impl Tracer<'_> {
         )
     }
 
+    /// A view of `x` made by the operator `op`, recorded as a step. With `view_grad` its
+    /// backward hands a view of the output's gradient back (reshape, transpose, permute);
+    /// without, it allocates a zero gradient of the input's full shape (select, narrow).
+    fn view_op(
+        &mut self,
+        x: ValueId,
+        shape: Shape,
+        layout: Layout,
+        op: &'static str,
+        view_grad: bool,
+    ) -> ValueId {
+        let y = self.view_of(x, shape, layout);
+        self.push(Step {
+            op,
+            inputs: vec![x],
+            outputs: vec![y],
+            view_grad,
+            ..self.blank()
+        });
+        y
+    }
+
     fn val(&self, v: ValueId) -> &Value {
         &self.tape.values[v]
     }

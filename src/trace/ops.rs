@@ -688,14 +688,7 @@ impl Tracer<'_> {
                 let shape = Shape::new(dims.iter().map(|&i| d[i]).collect());
                 let identity = dims.iter().enumerate().all(|(i, &j)| i == j);
                 let layout = if identity { xv.layout } else { Layout::Strided };
-                let y = self.view_of(x, shape, layout);
-                self.push(Step {
-                    op: "permute",
-                    inputs: vec![x],
-                    outputs: vec![y],
-                    view_grad: true,
-                    ..self.blank()
-                });
+                let y = self.view_op(x, shape, layout, "permute", true);
                 Ok(y)
             }
             Op::Narrow { dim, start, length } => {
@@ -712,14 +705,7 @@ impl Tracer<'_> {
                 } else {
                     Layout::Strided
                 };
-                let y = self.view_of(x, Shape::new(dims), layout);
-                // narrow's backward allocates a zero gradient of the input's full shape.
-                self.push(Step {
-                    op: "narrow",
-                    inputs: vec![x],
-                    outputs: vec![y],
-                    ..self.blank()
-                });
+                let y = self.view_op(x, Shape::new(dims), layout, "narrow", false);
                 Ok(y)
             }
             Op::Transpose { a, b } => {
@@ -747,14 +733,7 @@ impl Tracer<'_> {
                 } else {
                     Layout::Strided
                 };
-                let y = self.view_of(x, Shape::new(dims), layout);
-                self.push(Step {
-                    op: "transpose",
-                    inputs: vec![x],
-                    outputs: vec![y],
-                    view_grad: true,
-                    ..self.blank()
-                });
+                let y = self.view_op(x, Shape::new(dims), layout, "transpose", true);
                 Ok(y)
             }
             Op::Select { dim, index } => {
@@ -779,14 +758,7 @@ impl Tracer<'_> {
                 } else {
                     Layout::Strided
                 };
-                let y = self.view_of(x, Shape::new(dims), layout);
-                // select_backward allocates a zero gradient of the input's full shape.
-                self.push(Step {
-                    op: "select",
-                    inputs: vec![x],
-                    outputs: vec![y],
-                    ..self.blank()
-                });
+                let y = self.view_op(x, Shape::new(dims), layout, "select", false);
                 Ok(y)
             }
             Op::Attention {
