@@ -139,10 +139,9 @@ impl Tracer<'_> {
                 (kv_src, h_kv, kvd, c.kv_heads, s_kv, "v"),
             ] {
                 let p = self.projection(src, in_f, width, c.bias, train, target)?;
-                let hv = if c.qk_norm && target != "v" {
-                    // Qwen3: RMSNorm over head_dim on the [B, S, heads, head_dim] view, then the
-                    // head transpose of its (new, contiguous) output.
-
+                // Qwen3 first RMS-normalizes the [B, S, heads, head_dim] view over head_dim;
+                // the heads are then transposed out of that (new, contiguous) output.
+                let (split_src, op) = if c.qk_norm && target != "v" {
                     let split = self.view_op(
                         p,
                         Shape::from([b, len, n, hd]),
@@ -151,25 +150,17 @@ impl Tracer<'_> {
                         true,
                     );
                     let w = self.param(Shape::from([hd]), train)?;
-                    let normed = self.rms_norm(split, w, RmsStyle::Llama)?;
-                    let t = self.view_op(
-                        normed,
-                        Shape::from([b, n, len, hd]),
-                        Layout::HeadsTransposed,
-                        "transpose",
-                        true,
-                    );
-                    t
+                    (self.rms_norm(split, w, RmsStyle::Llama)?, "transpose")
                 } else {
-                    let t = self.view_op(
-                        p,
-                        Shape::from([b, n, len, hd]),
-                        Layout::HeadsTransposed,
-                        "view",
-                        true,
-                    );
-                    t
+                    (p, "view")
                 };
+                let hv = self.view_op(
+                    split_src,
+                    Shape::from([b, n, len, hd]),
+                    Layout::HeadsTransposed,
+                    op,
+                    true,
+                );
                 heads.push(hv);
             }
             (heads[0], heads[1], heads[2])
