@@ -273,8 +273,7 @@ impl Tracer<'_> {
         };
         let merged_shape = Shape::from([b, s, qd]);
         let merged = if free {
-            let m = self.view_op(ctx, merged_shape, Layout::Contiguous, "view", true);
-            m
+            self.view_op(ctx, merged_shape, Layout::Contiguous, "view", true)
         } else {
             let m = self.fresh(merged_shape, cv.dtype, "merged heads", cv.requires_grad)?;
             self.push(Step {
