@@ -24,12 +24,32 @@ impl Tracer<'_> {
             Some(b) => Some(self.autocast_input(b)?),
             None => None,
         };
-        let xv = self.val(xc).clone();
-        let rg = xv.requires_grad || self.rg(wc) || bc.is_some_and(|b| self.rg(b));
-        let y = self.fresh(xv.shape.with_last(out_features), xv.dtype, "output", rg)?;
+        let out_shape = self.val(xc).shape.with_last(out_features);
+        let op = if b.is_some() { "addmm" } else { "mm" };
+        self.weight_matmul(op, xc, w, wc, bc, out_shape, Vec::new())
+    }
+
+    /// A matmul of `x` by the weight `w`, read as `wc` (its autocast copy, or itself), with an
+    /// optional bias: keeps `x` when the weight trains and the weight when `x` needs a gradient
+    /// (`derivatives.yaml` `addmm`, `mm`, `_grouped_mm`), plus `extra_saves`. A quantized weight
+    /// is dequantized into a transient copy in the compute dtype, as bitsandbytes and GPTQ
+    /// kernels do.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn weight_matmul(
+        &mut self,
+        op: &'static str,
+        x: ValueId,
+        w: ValueId,
+        wc: ValueId,
+        bias: Option<ValueId>,
+        out_shape: Shape,
+        extra_saves: Vec<StorageId>,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let rg = xv.requires_grad || self.rg(wc) || bias.is_some_and(|b| self.rg(b));
+        let y = self.fresh(out_shape, xv.dtype, "output", rg)?;
         let mut allocs = Vec::new();
         if self.quantized.contains(&w) {
-            // bitsandbytes/GPTQ kernels dequantize the weight to the compute dtype for the matmul.
             let ws = self.val(w).shape.clone();
             allocs.push(self.storage(
                 &ws,
@@ -38,18 +58,18 @@ impl Tracer<'_> {
                 "dequantized weight",
             )?);
         }
-        let mut saves = Vec::new();
+        let mut saves = extra_saves;
         if self.rg(wc) {
             saves.push(xv.storage);
         }
         if xv.requires_grad {
             saves.push(self.sid(wc));
         }
-        let mut ins = vec![xc, wc];
-        ins.extend(bc);
+        let mut inputs = vec![x, wc];
+        inputs.extend(bias);
         self.push(Step {
-            op: if b.is_some() { "addmm" } else { "mm" },
-            inputs: ins,
+            op,
+            inputs,
             outputs: vec![y],
             allocs,
             saves,

@@ -191,36 +191,7 @@ impl Tracer<'_> {
         out_shape: Shape,
         offsets: StorageId,
     ) -> Result<ValueId, Error> {
-        let wc = w;
-        let rv = self.val(rows).clone();
-        let rg = rv.requires_grad || self.rg(wc);
-        let y = self.fresh(out_shape, rv.dtype, "output", rg)?;
-        let mut saves = vec![offsets];
-        if self.rg(wc) {
-            saves.push(rv.storage);
-        }
-        if rv.requires_grad {
-            saves.push(self.sid(wc));
-        }
-        let mut allocs = Vec::new();
-        if self.quantized.contains(&w) {
-            let ws = self.val(w).shape.clone();
-            allocs.push(self.storage(
-                &ws,
-                rv.dtype,
-                StorageKind::Activation,
-                "dequantized weight",
-            )?);
-        }
-        self.push(Step {
-            op: "_grouped_mm",
-            inputs: vec![rows, wc],
-            outputs: vec![y],
-            allocs,
-            saves,
-            ..self.blank()
-        });
-        Ok(y)
+        self.weight_matmul("_grouped_mm", rows, w, w, None, out_shape, vec![offsets])
     }
 }
 
