@@ -421,24 +421,15 @@ impl Tracer<'_> {
         let s_kv = self.val(k).shape.dims()[2];
         let qm = self.contiguous(q)?;
         let km = self.contiguous(k)?;
-        let rg = self.rg(qm) || self.rg(km);
-        let scores = self.fresh(Shape::from([b, heads, s, s_kv]), qv.dtype, "scores", rg)?;
-        let saves = vec![self.sid(qm), self.sid(km)];
-        self.push(Step {
-            op: "bmm",
-            inputs: vec![qm, km],
-            outputs: vec![scores],
-            saves,
-            ..self.blank()
-        });
+        let scores = self.bmm(qm, km, Shape::from([b, heads, s, s_kv]), qv.dtype, "scores")?;
         let scaled = self.unary(scores, "mul", Keep::Nothing, false)?;
         let masked = match bias {
             Some(bias) => self.add(&[scaled, bias], false)?,
             None if c.causal => self.unary(scaled, "add", Keep::Nothing, false)?,
             None => scaled,
         };
-        // Llama-family and T5 code runs the softmax in float32 and casts the result back;
-        // CUDA autocast runs it in float32 too.
+        // Llama-family code runs the softmax in float32 and casts the result back; CUDA
+        // autocast runs it in float32 too.
         let probs = if c.softmax_f32 || self.autocast_f32_norms() {
             let back = self.val(masked).dtype;
             let up = self.upcast_f32(masked)?;
@@ -456,17 +447,35 @@ impl Tracer<'_> {
         // (T5 adds a float32 position bias, so its softmax runs in float32).
         let probs = self.autocast_input(probs)?;
         let vm = self.contiguous(v)?;
-        let rg = self.rg(probs) || self.rg(vm);
-        let ctx = self.fresh(Shape::from([b, heads, s, hd]), qv.dtype, "context", rg)?;
-        let saves = vec![self.sid(probs), self.sid(vm)];
+        self.bmm(
+            probs,
+            vm,
+            Shape::from([b, heads, s, hd]),
+            qv.dtype,
+            "context",
+        )
+    }
+
+    /// `bmm` of two activations (as `matmul` runs it on batched operands): keeps both.
+    fn bmm(
+        &mut self,
+        a: ValueId,
+        b: ValueId,
+        out_shape: Shape,
+        dtype: DType,
+        what: &'static str,
+    ) -> Result<ValueId, Error> {
+        let rg = self.rg(a) || self.rg(b);
+        let y = self.fresh(out_shape, dtype, what, rg)?;
+        let saves = vec![self.sid(a), self.sid(b)];
         self.push(Step {
             op: "bmm",
-            inputs: vec![probs, vm],
-            outputs: vec![ctx],
+            inputs: vec![a, b],
+            outputs: vec![y],
             saves,
             ..self.blank()
         });
-        Ok(ctx)
+        Ok(y)
     }
 
     /// transformers' `repeat_kv`: `expand` then `reshape`, a copy at full head count.
