@@ -15,10 +15,6 @@ fn share(part: u64, total: u64) -> String {
     format!("{pct:.1}%")
 }
 
-fn key(c: Category) -> &'static str {
-    c.key()
-}
-
 fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
@@ -117,8 +113,8 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
     table.load_style(presets::UTF8_FULL_CONDENSED);
     table.set_header(vec!["Category", "At peak", "Share", "Step maximum"]);
     for c in Category::ALL {
-        let at = r.at_peak.get(key(c)).copied().unwrap_or(0);
-        let max = r.category_max.get(key(c)).copied().unwrap_or(0);
+        let at = r.at_peak.get(c.key()).copied().unwrap_or(0);
+        let max = r.category_max.get(c.key()).copied().unwrap_or(0);
         let always = matches!(
             c,
             Category::Parameters

@@ -38,12 +38,12 @@ pub enum Category {
     Parameters,
     /// Buffers.
     Buffers,
-    /// Optimizer state.
-    OptimizerState,
-    /// Float32 master copies of 16-bit parameters (`mixed-*` recipes).
-    MasterWeights,
     /// Parameter gradients (`.grad`).
     Gradients,
+    /// Float32 master copies of 16-bit parameters (`mixed-*` recipes).
+    MasterWeights,
+    /// Optimizer state.
+    OptimizerState,
     /// Tensors saved for backward, and the model output and loss held by the caller.
     Activations,
     /// Everything transient: unsaved intermediates, activation gradients, optimizer-step
@@ -104,18 +104,9 @@ impl Category {
         }
     }
 
+    /// Position in [`Category::ALL`] (the declaration order).
     const fn index(self) -> usize {
-        match self {
-            Category::Parameters => 0,
-            Category::Buffers => 1,
-            Category::Gradients => 2,
-            Category::MasterWeights => 3,
-            Category::OptimizerState => 4,
-            Category::Activations => 5,
-            Category::Temporaries => 6,
-            Category::Input => 7,
-            Category::KvCache => 8,
-        }
+        self as usize
     }
 }
 
@@ -380,16 +371,12 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         overflow: false,
         act_cat,
     };
+    // Parameters, buffers, the input batch and its labels exist before the step starts.
     for (s, storage) in tape.storages.iter().enumerate() {
-        if matches!(storage.kind, StorageKind::Parameter | StorageKind::Buffer)
-            || (storage.kind == StorageKind::Input && storage.what == "input batch")
-        {
-            st.alloc(s);
-        }
-    }
-    // Labels exist from the start of the step too.
-    for (s, storage) in tape.storages.iter().enumerate() {
-        if storage.kind == StorageKind::Input {
+        if matches!(
+            storage.kind,
+            StorageKind::Parameter | StorageKind::Buffer | StorageKind::Input
+        ) {
             st.alloc(s);
         }
     }
@@ -652,5 +639,17 @@ impl OptimizerPlan {
             .iter()
             .filter(|(v, _, _)| has_grad.get(*v).copied().unwrap_or(false))
             .fold((0, 0), |(c, f), (_, grad, copy)| (c + copy, f + grad))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn category_index_is_its_position_in_all() {
+        for (i, c) in Category::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c:?}");
+        }
     }
 }
