@@ -224,7 +224,6 @@ impl Tracer<'_> {
                 };
                 // native_layer_norm works on `input.contiguous()`.
                 let xin = self.contiguous(xin)?;
-                let xd = self.val(xin).dtype;
                 let mut ins = vec![xin];
                 if *affine {
                     ins.push(self.param(Shape::from([h]), train)?);
@@ -233,22 +232,8 @@ impl Tracer<'_> {
                     }
                 }
                 let rows = xv.shape.with_last(1);
-                let rg = ins.iter().any(|&v| self.rg(v));
-                let y = self.fresh(xv.shape.clone(), xd, "output", rg)?;
-                let sdt = self.stats_dtype(xd);
-                let mean = self.storage(&rows, sdt, StorageKind::Activation, "mean")?;
-                let rstd = self.storage(&rows, sdt, StorageKind::Activation, "rstd")?;
                 // derivatives.yaml `native_layer_norm`: input, weight, bias, mean, rstd.
-                let saves = vec![self.sid(xin), mean, rstd];
-                self.push(Step {
-                    op: "native_layer_norm",
-                    inputs: ins,
-                    outputs: vec![y],
-                    allocs: vec![mean, rstd],
-                    saves,
-                    ..self.blank()
-                });
-                Ok(y)
+                self.norm_with_stats("native_layer_norm", xin, ins, &xv.shape, rows)
             }
             Op::RmsNorm { style } => {
                 let h = self.last_dim(&xv, "rmsnorm")?;
@@ -274,38 +259,19 @@ impl Tracer<'_> {
                 } else {
                     x
                 };
-                let xd = self.val(xin).dtype;
                 let mut ins = vec![xin];
                 if *affine {
                     ins.push(self.param(Shape::from([c]), train)?);
                     ins.push(self.param(Shape::from([c]), train)?);
                 }
-                let rg = ins.iter().any(|&v| self.rg(v));
-                let y = self.fresh(xv.shape.clone(), xd, "output", rg)?;
-                let sdt = self.stats_dtype(xd);
-                let mean = self.storage(
-                    &Shape::from([b, *groups]),
-                    sdt,
-                    StorageKind::Activation,
-                    "mean",
-                )?;
-                let rstd = self.storage(
-                    &Shape::from([b, *groups]),
-                    sdt,
-                    StorageKind::Activation,
-                    "rstd",
-                )?;
                 // derivatives.yaml `native_group_norm`: input, weight, mean, rstd.
-                let saves = vec![self.sid(xin), mean, rstd];
-                self.push(Step {
-                    op: "native_group_norm",
-                    inputs: ins,
-                    outputs: vec![y],
-                    allocs: vec![mean, rstd],
-                    saves,
-                    ..self.blank()
-                });
-                Ok(y)
+                self.norm_with_stats(
+                    "native_group_norm",
+                    xin,
+                    ins,
+                    &xv.shape,
+                    Shape::from([b, *groups]),
+                )
             }
             Op::Embedding {
                 num_embeddings,
@@ -990,6 +956,35 @@ impl Tracer<'_> {
             ..self.blank()
         });
         self.add(&[x, looked_up], false)
+    }
+
+    /// A normalization that returns per-row (or per-group) `mean` and `rstd` in the statistics
+    /// dtype and keeps them with its input (`native_layer_norm`, `native_group_norm`); `ins` is
+    /// the input followed by the affine parameters.
+    fn norm_with_stats(
+        &mut self,
+        op: &'static str,
+        xin: ValueId,
+        ins: Vec<ValueId>,
+        shape: &Shape,
+        stats: Shape,
+    ) -> Result<ValueId, Error> {
+        let xd = self.val(xin).dtype;
+        let rg = ins.iter().any(|&v| self.rg(v));
+        let y = self.fresh(shape.clone(), xd, "output", rg)?;
+        let sdt = self.stats_dtype(xd);
+        let mean = self.storage(&stats, sdt, StorageKind::Activation, "mean")?;
+        let rstd = self.storage(&stats, sdt, StorageKind::Activation, "rstd")?;
+        let saves = vec![self.sid(xin), mean, rstd];
+        self.push(Step {
+            op,
+            inputs: ins,
+            outputs: vec![y],
+            allocs: vec![mean, rstd],
+            saves,
+            ..self.blank()
+        });
+        Ok(y)
     }
 
     /// Rejects an axis that would merge or extend the batch dimension.
