@@ -189,8 +189,25 @@ impl Tracer<'_> {
             let mut copies = Vec::new();
             for (t, what) in [(k, "key cache"), (v, "value cache")] {
                 let tv = self.val(t).clone();
-                let cv = if self.training() {
-                    let cache = self.storage(&tv.shape, tv.dtype, StorageKind::Activation, what)?;
+                let (kind, cache_shape, dt) = if self.training() {
+                    (StorageKind::Activation, tv.shape.clone(), tv.dtype)
+                } else {
+                    let mut dims = tv.shape.dims().to_vec();
+                    if let Some(w) = c.sliding_window {
+                        dims[2] = dims[2].min(w);
+                    }
+                    (
+                        StorageKind::KvCache,
+                        Shape::new(dims),
+                        self.s.kv_dtype.unwrap_or(tv.dtype),
+                    )
+                };
+                let cache = self.storage(&cache_shape, dt, kind, what)?;
+                if kind == StorageKind::KvCache {
+                    self.tape.held.push(cache);
+                }
+                let cv = if cache_shape == tv.shape && dt == tv.dtype {
+                    // Attention reads the cache itself.
                     let cv = self.value(
                         cache,
                         tv.shape.clone(),
@@ -207,41 +224,14 @@ impl Tracer<'_> {
                     });
                     cv
                 } else {
-                    let mut dims = tv.shape.dims().to_vec();
-                    if let Some(w) = c.sliding_window {
-                        dims[2] = dims[2].min(w);
-                    }
-                    let dt = self.s.kv_dtype.unwrap_or(tv.dtype);
-                    let cache_shape = Shape::new(dims);
-                    let cache = self.storage(&cache_shape, dt, StorageKind::KvCache, what)?;
-                    self.tape.held.push(cache);
-                    if cache_shape == tv.shape && dt == tv.dtype {
-                        // Attention reads the cache itself.
-                        let cv = self.value(
-                            cache,
-                            tv.shape.clone(),
-                            tv.dtype,
-                            Layout::Contiguous,
-                            false,
-                            false,
-                        );
-                        self.push(Step {
-                            op: "cat",
-                            inputs: vec![t],
-                            outputs: vec![cv],
-                            ..self.blank()
-                        });
-                        cv
-                    } else {
-                        // A windowed or re-typed cache is written; attention reads this pass's K/V.
-                        self.push(Step {
-                            op: "cache_update",
-                            inputs: vec![t],
-                            allocs: vec![cache],
-                            ..self.blank()
-                        });
-                        t
-                    }
+                    // A windowed or re-typed cache is written; attention reads this pass's K/V.
+                    self.push(Step {
+                        op: "cache_update",
+                        inputs: vec![t],
+                        allocs: vec![cache],
+                        ..self.blank()
+                    });
+                    t
                 };
                 copies.push(cv);
             }
