@@ -1409,7 +1409,7 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     ff(&mut body, 2, &r)?;
     push(&mut out, repeat("decoder.block", dec_layers, body));
     let prev = push(&mut out, t5_norm("decoder.final_layer_norm"));
-    let prev = push_dropout(&mut out, "decoder.dropout.final", p_drop, prev);
+    push_dropout(&mut out, "decoder.dropout.final", p_drop, prev);
     match head {
         Resolved::Bare => {}
         Resolved::Lm => {
@@ -1435,7 +1435,6 @@ fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
         Resolved::Classification => {
             // T5ForSequenceClassification: the decoder's last (EOS) position, then
             // dropout, dense, tanh, dropout, out_proj.
-            let _ = prev;
             push(
                 &mut out,
                 LayerSpec {
