@@ -35,13 +35,7 @@ impl Tracer<'_> {
         train: bool,
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
-        let &[b, s, h] = xv.shape.dims() else {
-            return Err(self.err(format!(
-                "input {} has rank {}, expected [batch, seq, hidden]",
-                xv.shape,
-                xv.shape.rank()
-            )));
-        };
+        let (b, s, h) = self.bsh(&xv)?;
         if !xv.dtype.is_float() {
             return Err(self.err(format!(
                 "input is {} {}, expected float hidden states",

@@ -15,13 +15,7 @@ impl Tracer<'_> {
     /// MLP on every token, optionally scaled by `sigmoid(x·w_gate)`.
     pub(super) fn moe(&mut self, x: ValueId, c: &MoeCfg, train: bool) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
-        let &[b, s, h] = xv.shape.dims() else {
-            return Err(self.err(format!(
-                "input {} has rank {}, expected [batch, seq, hidden]",
-                xv.shape,
-                xv.shape.rank()
-            )));
-        };
+        let (b, s, h) = self.bsh(&xv)?;
         let a = xv.dtype;
         let t = checked(b.checked_mul(s), "the token count")?;
         let tk = checked(t.checked_mul(c.top_k), "the routed row count")?;

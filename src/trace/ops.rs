@@ -317,15 +317,7 @@ impl Tracer<'_> {
                 num_positions,
                 ids_buffer,
             } => {
-                let d = xv.shape.dims().to_vec();
-                if d.len() != 3 {
-                    return Err(self.err(format!(
-                        "input {} has rank {}, expected [batch, seq, hidden]",
-                        xv.shape,
-                        d.len()
-                    )));
-                }
-                let (s, h) = (d[1], d[2]);
+                let (_, s, h) = self.bsh(&xv)?;
                 if s > *num_positions {
                     return Err(self.err(format!(
                         "sequence length {s} exceeds num_positions = {num_positions}"
@@ -355,15 +347,7 @@ impl Tracer<'_> {
                 num_types,
                 ids_buffer,
             } => {
-                let d = xv.shape.dims().to_vec();
-                if d.len() != 3 {
-                    return Err(self.err(format!(
-                        "input {} has rank {}, expected [batch, seq, hidden]",
-                        xv.shape,
-                        d.len()
-                    )));
-                }
-                let (bsz, s, h) = (d[0], d[1], d[2]);
+                let (bsz, s, h) = self.bsh(&xv)?;
                 if *ids_buffer > 0 && s > *ids_buffer {
                     return Err(self.err(format!(
                         "sequence length {s} exceeds the ids buffer ({ids_buffer})"
@@ -402,20 +386,13 @@ impl Tracer<'_> {
                 )
             }
             Op::Rotary { head_dim, concat } => {
-                let d = xv.shape.dims().to_vec();
-                if d.len() != 3 {
-                    return Err(self.err(format!(
-                        "input {} has rank {}, expected [batch, seq, hidden]",
-                        xv.shape,
-                        d.len()
-                    )));
-                }
+                let (_, seq, _) = self.bsh(&xv)?;
                 let half = head_dim / 2;
                 let bdt = self.param_dtype();
                 self.buffer(Shape::from([half]), bdt, "inv_freq")?;
                 self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
                 // cos and sin, [1, S, head_dim] in the activation dtype, shared by every layer.
-                let table = Shape::from([1, d[1], *head_dim]);
+                let table = Shape::from([1, seq, *head_dim]);
                 let dt = if self.s.amp.is_some() {
                     DType::Float32
                 } else {
@@ -791,13 +768,7 @@ impl Tracer<'_> {
                 self.attention(inputs[0], inputs[1], &cfg, train)
             }
             Op::RelativePositionBias { num_buckets, heads } => {
-                let &[_, s, _] = xv.shape.dims() else {
-                    return Err(self.err(format!(
-                        "input {} has rank {}, expected [batch, seq, hidden]",
-                        xv.shape,
-                        xv.shape.rank()
-                    )));
-                };
+                let (_, s, _) = self.bsh(&xv)?;
                 // T5Attention.compute_bias: int64 bucket ids [S, S] (kept by the embedding
                 // lookup), values [S, S, heads] permuted to a [1, heads, S, S] bias.
                 let w = self.param(Shape::from([*num_buckets, *heads]), train)?;
@@ -922,6 +893,18 @@ impl Tracer<'_> {
             [b, c, h, w] => Ok((b, c, h, w)),
             _ => Err(self.err(format!(
                 "input {} has rank {}, expected [batch, channels, height, width]",
+                v.shape,
+                v.shape.rank()
+            ))),
+        }
+    }
+
+    /// The dimensions of a `[batch, seq, hidden]` input.
+    pub(super) fn bsh(&self, v: &Value) -> Result<(u64, u64, u64), Error> {
+        match *v.shape.dims() {
+            [b, s, h] => Ok((b, s, h)),
+            _ => Err(self.err(format!(
+                "input {} has rank {}, expected [batch, seq, hidden]",
                 v.shape,
                 v.shape.rank()
             ))),
