@@ -25,6 +25,7 @@ pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod hf;
+pub mod print_model;
 pub mod render;
 pub mod report;
 pub mod search;

@@ -223,7 +223,8 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("{display}:{}{e}", sep(&e)))?;
     if cli.print_model {
         spec.name.get_or_insert(name);
-        let text = memest::hf::to_toml(&spec).map_err(|e| anyhow::anyhow!("{display}: {e}"))?;
+        let text =
+            memest::print_model::to_toml(&spec).map_err(|e| anyhow::anyhow!("{display}: {e}"))?;
         let mut out = io::stdout().lock();
         write!(out, "{text}")?;
         out.flush()?;

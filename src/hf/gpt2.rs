@@ -1,0 +1,75 @@
+//! GPT-2 (`GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `GPT2Model`).
+
+use super::Resolved;
+use super::config::Cfg;
+use super::layers::{
+    activation, add, causal_head, embedding, layer, layernorm, linear, push, push_dropout, repeat,
+};
+use crate::error::Error;
+use crate::spec::{LayerKind as K, LayerSpec};
+
+pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    let vocab = cfg.req(&["vocab_size"])?;
+    let hidden = cfg.req(&["n_embd", "hidden_size"])?;
+    let n_layers = cfg.layers(&["n_layer", "num_hidden_layers"])?;
+    let heads = cfg.req(&["n_head", "num_attention_heads"])?;
+    let positions = cfg.u_or(&["n_positions", "max_position_embeddings"], 1024)?;
+    let inner = cfg.u_or(&["n_inner"], 4 * hidden)?;
+    let act_name = cfg.s_or(&["activation_function"], "gelu_new")?;
+    let embd_p = cfg.p_or(&["embd_pdrop"], 0.1)?;
+    let attn_p = cfg.p_or(&["attn_pdrop"], 0.1)?;
+    let resid_p = cfg.p_or(&["resid_pdrop"], 0.1)?;
+    let tie = cfg.b_or("tie_word_embeddings", true)?;
+    if cfg.b_or("add_cross_attention", false)? {
+        return Err(cfg.err("`add_cross_attention = true` (GPT-2 as a decoder with cross-attention) is not supported".into()));
+    }
+
+    let bare = head == Resolved::Bare;
+    let p = |s: &str| {
+        if bare {
+            s.to_string()
+        } else {
+            format!("transformer.{s}")
+        }
+    };
+    let mut out = Vec::new();
+    let wte = push(&mut out, embedding(&p("wte"), vocab, hidden));
+    push(
+        &mut out,
+        LayerSpec {
+            num_positions: Some(positions),
+            ..layer(K::PositionEmbedding, &p("wpe"))
+        },
+    );
+    let prev = p("wpe");
+    push_dropout(&mut out, &p("drop"), embd_p, prev);
+
+    let mut body = Vec::new();
+    push(&mut body, layernorm("ln_1"));
+    let attn = push(
+        &mut body,
+        LayerSpec {
+            heads: Some(heads),
+            fused_qkv: Some(true),
+            causal: Some(true),
+            dropout: (attn_p > 0.0).then_some(attn_p),
+            note: Some("c_attn (fused QKV) and c_proj".into()),
+            ..layer(K::Attention, "attn")
+        },
+    );
+    let prev = push_dropout(&mut body, "attn.resid_dropout", resid_p, attn);
+    let residual1 = push(&mut body, add("residual1", "input", &prev));
+    push(&mut body, layernorm("ln_2"));
+    push(&mut body, linear("mlp.c_fc", inner, true));
+    push(
+        &mut body,
+        activation(cfg, "activation_function", act_name, "mlp.act")?,
+    );
+    let prev = push(&mut body, linear("mlp.c_proj", hidden, true));
+    let prev = push_dropout(&mut body, "mlp.dropout", resid_p, prev);
+    push(&mut body, add("residual2", &residual1, &prev));
+    push(&mut out, repeat(&p("h"), n_layers, body));
+    push(&mut out, layernorm(&p("ln_f")));
+    causal_head(&mut out, cfg, head, vocab, tie.then_some(wte.as_str()))?;
+    Ok((out, positions))
+}

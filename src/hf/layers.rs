@@ -1,0 +1,189 @@
+//! Constructors of the memest layers the families are built from.
+
+use super::config::Cfg;
+use super::{Family, Resolved};
+use crate::error::Error;
+use crate::spec::{LayerKind as K, LayerSpec};
+
+pub(super) fn layer(kind: K, name: &str) -> LayerSpec {
+    LayerSpec {
+        kind,
+        name: Some(name.to_string()),
+        ..Default::default()
+    }
+}
+
+pub(super) fn with_inputs(mut l: LayerSpec, inputs: &[&str]) -> LayerSpec {
+    l.inputs = Some(inputs.iter().map(|s| (*s).to_string()).collect());
+    l
+}
+
+pub(super) fn with_note(mut l: LayerSpec, note: &str) -> LayerSpec {
+    l.note = Some(note.to_string());
+    l
+}
+
+pub(super) fn linear(name: &str, out: u64, bias: bool) -> LayerSpec {
+    LayerSpec {
+        out_features: Some(out),
+        bias: (!bias).then_some(false),
+        ..layer(K::Linear, name)
+    }
+}
+
+pub(super) fn embedding(name: &str, num: u64, dim: u64) -> LayerSpec {
+    LayerSpec {
+        num_embeddings: Some(num),
+        embedding_dim: Some(dim),
+        ..layer(K::Embedding, name)
+    }
+}
+
+pub(super) fn dropout(name: &str, p: f64) -> LayerSpec {
+    LayerSpec {
+        p: Some(p),
+        ..layer(K::Dropout, name)
+    }
+}
+
+pub(super) fn add(name: &str, a: &str, b: &str) -> LayerSpec {
+    with_inputs(layer(K::Add, name), &[a, b])
+}
+
+pub(super) fn layernorm(name: &str) -> LayerSpec {
+    layer(K::LayerNorm, name)
+}
+
+/// T5's `T5LayerNorm` (see `graph::Op::RmsNorm`).
+pub(super) fn t5_norm(name: &str) -> LayerSpec {
+    LayerSpec {
+        style: Some("t5".into()),
+        ..rmsnorm(name)
+    }
+}
+
+pub(super) fn rmsnorm(name: &str) -> LayerSpec {
+    layer(K::RmsNorm, name)
+}
+
+/// The family's RMSNorm: Gemma's `GemmaRMSNorm` (`x·(1 + w)` in float32) or Llama's.
+pub(super) fn family_norm(family: Family, name: &str) -> LayerSpec {
+    if family == Family::Gemma {
+        LayerSpec {
+            style: Some("gemma".into()),
+            ..rmsnorm(name)
+        }
+    } else {
+        rmsnorm(name)
+    }
+}
+
+pub(super) fn cross_entropy(shift: bool, upcast: bool) -> LayerSpec {
+    LayerSpec {
+        shift: shift.then_some(true),
+        upcast: upcast.then_some(true),
+        ..layer(K::CrossEntropy, "loss")
+    }
+}
+
+pub(super) fn repeat(name: &str, count: u64, body: Vec<LayerSpec>) -> LayerSpec {
+    LayerSpec {
+        count: Some(count),
+        layers: Some(body),
+        ..layer(K::Repeat, name)
+    }
+}
+
+/// Appends `layer` to `out` and returns its name (the next layer's input by default).
+pub(super) fn push(out: &mut Vec<LayerSpec>, l: LayerSpec) -> String {
+    let name = l.name.clone().expect("every imported layer is named");
+    out.push(l);
+    name
+}
+
+/// Appends a dropout when it drops anything (`nn.Dropout(0)` is the identity); returns the name
+/// of the last layer.
+pub(super) fn push_dropout(out: &mut Vec<LayerSpec>, name: &str, p: f64, prev: String) -> String {
+    if p > 0.0 {
+        push(out, dropout(name, p))
+    } else {
+        prev
+    }
+}
+
+/// transformers' `ACT2FN[name]` as a memest layer.
+pub(super) fn activation(cfg: &Cfg, key: &str, act: &str, name: &str) -> Result<LayerSpec, Error> {
+    Ok(match act {
+        "silu" | "swish" => layer(K::Silu, name),
+        "gelu" => layer(K::Gelu, name),
+        "gelu_pytorch_tanh" => LayerSpec {
+            approximate: Some("tanh".into()),
+            ..layer(K::Gelu, name)
+        },
+        "gelu_new" => layer(K::GeluNew, name),
+        "relu" => layer(K::Relu, name),
+        "relu6" => layer(K::Relu6, name),
+        "tanh" => layer(K::Tanh, name),
+        "sigmoid" => layer(K::Sigmoid, name),
+        other => {
+            return Err(cfg.err(format!(
+                "activation `{other}` in `{key}` is not supported (supported: silu, swish, gelu, gelu_pytorch_tanh, gelu_new, relu, relu6, tanh, sigmoid)"
+            )));
+        }
+    })
+}
+
+/// The decoder's head: LM head and causal-LM loss, a last-token classifier, or nothing.
+pub(super) fn causal_head(
+    out: &mut Vec<LayerSpec>,
+    cfg: &Cfg,
+    head: Resolved,
+    vocab: u64,
+    tie: Option<&str>,
+) -> Result<(), Error> {
+    match head {
+        Resolved::Bare => {}
+        Resolved::Lm => {
+            let mut lm = linear("lm_head", vocab, false);
+            lm.tie = tie.map(str::to_string);
+            out.push(lm);
+            out.push(cross_entropy(true, true));
+        }
+        Resolved::Classification => {
+            // transformers' GenericForSequenceClassification: `score` on every position, then
+            // the logits of the last token.
+            out.push(linear("score", cfg.num_labels()?, false));
+            out.push(LayerSpec {
+                dim: Some(1),
+                index: Some(-1),
+                ..layer(K::Select, "pooled_logits")
+            });
+            out.push(cross_entropy(false, false));
+        }
+    }
+    Ok(())
+}
+
+/// Consecutive equal items as `(first index, count, item)` runs.
+pub(super) fn runs<T: PartialEq + Clone>(items: &[T]) -> Vec<(usize, u64, T)> {
+    let mut out: Vec<(usize, u64, T)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        match out.last_mut() {
+            Some((_, n, last)) if last == it => *n += 1,
+            _ => out.push((i, 1, it.clone())),
+        }
+    }
+    out
+}
+
+/// The name of a run of repeated layers: the module list's name for a single run, with the
+/// index range when the layers split into several runs.
+pub(super) fn run_name(base: &str, all: usize, first: usize, count: u64) -> String {
+    if all == 1 {
+        base.to_string()
+    } else if count == 1 {
+        format!("{base}.{first}")
+    } else {
+        format!("{base}.{first}-{}", first as u64 + count - 1)
+    }
+}
