@@ -19,7 +19,8 @@ pub fn path(rel: &str) -> PathBuf {
 
 fn command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_memest"));
-    cmd.args(args).current_dir(root());
+    // A fixed terminal width, in case help text is ever wrapped to the terminal.
+    cmd.args(args).current_dir(root()).env("COLUMNS", "100");
     cmd
 }
 

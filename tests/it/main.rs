@@ -10,3 +10,4 @@ mod kinds;
 mod llm;
 mod optim;
 mod reference;
+mod snapshots;

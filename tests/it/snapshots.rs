@@ -1,0 +1,336 @@
+//! Snapshots of the binary's whole output: exit status, stdout and stderr of each case, one file
+//! per case under `tests/it/snapshots/` (insta).
+//!
+//! These pin today's behaviour byte for byte: the table and `--format json` of every bundled
+//! example, the README's flag combinations, `--print-model`, `--help`, and every error message.
+//! A change that alters any of them shows as a snapshot diff. When a change is intended, review
+//! and accept it with `INSTA_UPDATE=always cargo test --test it snapshots` (or `cargo insta
+//! review`), and say why in the commit message. Under `CI=true` insta never writes: a mismatch
+//! fails.
+//!
+//! Every path handed to the binary is relative to the crate root, so the output does not depend
+//! on where the repository is checked out; temporary files are written under a fixed name in a
+//! temporary folder, which is replaced by `[TMP]` before comparing.
+
+use std::process::Output;
+
+use crate::common::{code, memest, memest_stdin, stderr, stdout};
+
+/// Exit status, stdout and stderr of one run, as the snapshot text.
+fn transcript(out: &Output) -> String {
+    format!(
+        "exit: {}\n--- stdout ---\n{}--- stderr ---\n{}",
+        code(out),
+        stdout(out),
+        stderr(out)
+    )
+}
+
+/// Compares `text` with the snapshot `name`; `command` is recorded in the snapshot's header.
+fn compare(name: &str, command: &str, text: &str) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.set_description(command);
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// Runs `memest ARGS` from the crate root and compares the whole transcript with snapshot `name`.
+fn check(name: &str, args: &[&str]) {
+    let out = memest(args);
+    let shown = format!("memest {}", args.join(" "));
+    compare(name, shown.trim_end(), &transcript(&out));
+}
+
+/// Like [`check`], with `stdin` as standard input.
+fn check_stdin(name: &str, args: &[&str], stdin: &str) {
+    let out = memest_stdin(args, stdin);
+    compare(
+        name,
+        &format!("memest {} < {stdin:?}", args.join(" ")),
+        &transcript(&out),
+    );
+}
+
+/// Writes `contents` to `model.EXT` in a new temporary folder, runs `memest <file> ARGS` and
+/// compares the transcript, with the folder's path shown as `[TMP]`.
+fn check_temp(name: &str, ext: &str, contents: &[u8], args: &[&str]) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let file = dir.path().join(format!("model.{ext}"));
+    std::fs::write(&file, contents).expect("writing a temporary model file");
+    let file = file.to_str().expect("temporary paths are UTF-8");
+    let mut all = vec![file];
+    all.extend_from_slice(args);
+    let out = memest(&all);
+    let dir = dir.path().to_str().expect("temporary paths are UTF-8");
+    let text = transcript(&out).replace(dir, "[TMP]");
+    let shown = format!("memest [TMP]/model.{ext} {}", args.join(" "));
+    compare(name, shown.trim_end(), &text);
+}
+
+/// One test per bundled example: its table and its `--format json`, with default flags.
+macro_rules! examples {
+    ($($name:ident => $file:literal,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                super::check(concat!("example_", stringify!($name), "_table"), &[$file]);
+                super::check(
+                    concat!("example_", stringify!($name), "_json"),
+                    &[$file, "--format", "json"],
+                );
+            }
+        )*
+    };
+}
+
+/// One test per case: `name => [args…]`; the snapshot is named after the test.
+macro_rules! cases {
+    ($prefix:literal; $($name:ident => [$($arg:expr),* $(,)?],)*) => {
+        $(
+            #[test]
+            fn $name() {
+                super::check(concat!($prefix, stringify!($name)), &[$($arg),*]);
+            }
+        )*
+    };
+}
+
+mod example {
+    examples! {
+        alexnet => "examples/alexnet.toml",
+        bert_base => "examples/bert_base.toml",
+        convnext_tiny => "examples/convnext_tiny.toml",
+        densenet121 => "examples/densenet121.toml",
+        efficientnet_b0 => "examples/efficientnet_b0.toml",
+        gpt2 => "examples/gpt2.toml",
+        llama_tiny => "examples/llama_tiny.toml",
+        mlp => "examples/mlp.toml",
+        mnasnet0_5 => "examples/mnasnet0_5.toml",
+        mobilenet_v2 => "examples/mobilenet_v2.toml",
+        mobilenet_v3_large => "examples/mobilenet_v3_large.toml",
+        mobilenet_v3_small => "examples/mobilenet_v3_small.toml",
+        regnet_y_400mf => "examples/regnet_y_400mf.toml",
+        resnet101 => "examples/resnet101.toml",
+        resnet18 => "examples/resnet18.toml",
+        resnet34 => "examples/resnet34.toml",
+        resnet50 => "examples/resnet50.toml",
+        resnext50_32x4d => "examples/resnext50_32x4d.toml",
+        shufflenet_v2_x1_0 => "examples/shufflenet_v2_x1_0.toml",
+        squeezenet1_1 => "examples/squeezenet1_1.toml",
+        vgg11_bn => "examples/vgg11_bn.toml",
+        vgg16 => "examples/vgg16.toml",
+        vit_b_16 => "examples/vit_b_16.toml",
+        wide_resnet50_2 => "examples/wide_resnet50_2.toml",
+        hf_bert_base_uncased => "examples/hf/bert-base-uncased.json",
+        hf_bert_base_cls => "examples/hf/bert_base_cls.json",
+        hf_gemma_7b => "examples/hf/gemma-7b.json",
+        hf_gpt2 => "examples/hf/gpt2.json",
+        hf_llama_2_7b => "examples/hf/llama-2-7b.json",
+        hf_llama_3_8b => "examples/hf/llama-3-8b.json",
+        hf_llama_tiny => "examples/hf/llama_tiny.json",
+        hf_mistral_7b_v0_1 => "examples/hf/mistral-7b-v0.1.json",
+        hf_mixtral_8x7b => "examples/hf/mixtral-8x7b.json",
+        hf_phi_3_mini => "examples/hf/phi-3-mini.json",
+        hf_qwen1_5_moe_a2_7b => "examples/hf/qwen1.5-moe-a2.7b.json",
+        hf_qwen2_7b => "examples/hf/qwen2-7b.json",
+        hf_qwen3_8b => "examples/hf/qwen3-8b.json",
+        hf_t5_small => "examples/hf/t5-small.json",
+    }
+}
+
+/// The README's flag combinations and the other flags, on the examples.
+mod flags {
+    const MLP: &str = "examples/mlp.toml";
+    const GPT2: &str = "examples/gpt2.toml";
+    const RESNET50: &str = "examples/resnet50.toml";
+    const LLAMA3: &str = "examples/hf/llama-3-8b.json";
+
+    cases! { "flags_";
+        resnet50_batch32_adam => [RESNET50, "--batch", "32", "--optim", "adam"],
+        resnet50_batch32_adam_json => [RESNET50, "--batch", "32", "--optim", "adam", "--format", "json"],
+        mlp_per_layer => [MLP, "--per-layer"],
+        gpt2_per_layer => [GPT2, "--per-layer"],
+        resnet50_per_layer => [RESNET50, "--per-layer"],
+        hf_llama_tiny_per_layer => ["examples/hf/llama_tiny.json", "--per-layer"],
+        mlp_si => [MLP, "--si"],
+        vgg16_si => ["examples/vgg16.toml", "--si"],
+        mlp_batch7_json => [MLP, "--batch", "7", "--format", "json"],
+        mlp_optim_sgd_momentum_json => [MLP, "--optim", "sgd-momentum", "--format", "json"],
+        mlp_dtype_bfloat16_json => [MLP, "--dtype", "bfloat16", "--format", "json"],
+        mlp_infer => [MLP, "--mode", "infer"],
+        gpt2_infer_json => [GPT2, "--mode", "infer", "--format", "json"],
+        resnet50_infer_json => [RESNET50, "--mode", "infer", "--format", "json"],
+        hf_mixtral_infer_batch8 => ["examples/hf/mixtral-8x7b.json", "--mode", "infer", "--batch", "8"],
+        resnet50_amp_bf16_json => [RESNET50, "--amp", "bf16", "--format", "json"],
+        gpt2_amp_fp16 => [GPT2, "--amp", "fp16"],
+        gpt2_checkpoint_json => [GPT2, "--checkpoint", "--format", "json"],
+        gpt2_seq128_json => [GPT2, "--seq", "128", "--format", "json"],
+        gpt2_attention_eager_json => [GPT2, "--attention", "eager", "--format", "json"],
+        gpt2_attention_flash_json => [GPT2, "--attention", "flash", "--format", "json"],
+        gpt2_recipe_mixed_bf16_json => [GPT2, "--recipe", "mixed-bf16", "--optim", "adamw", "--format", "json"],
+        gpt2_device_cuda_json => [GPT2, "--device", "cuda", "--format", "json"],
+        hf_llama_2_7b_nf4_lora16 => ["examples/hf/llama-2-7b.json", "--lora-rank", "16", "--dtype", "nf4", "--optim", "adamw", "--batch", "1", "--seq", "2048"],
+        hf_llama_2_7b_nf4_lora16_json => ["examples/hf/llama-2-7b.json", "--lora-rank", "16", "--dtype", "nf4", "--optim", "adamw", "--batch", "1", "--seq", "2048", "--format", "json"],
+        hf_mixtral_int4_json => ["examples/hf/mixtral-8x7b.json", "--dtype", "int4", "--format", "json"],
+        hf_mixtral_int8_json => ["examples/hf/mixtral-8x7b.json", "--dtype", "int8", "--format", "json"],
+        hf_llama_3_8b_seq4096 => [LLAMA3, "--seq", "4096"],
+        hf_bert_head_none => ["examples/hf/bert-base-uncased.json", "--head", "none"],
+        hf_llama_3_8b_context8192_batch4 => [LLAMA3, "--context", "8192", "--batch", "4"],
+        hf_mistral_context32768_kv_fp8 => ["examples/hf/mistral-7b-v0.1.json", "--context", "32768", "--kv-dtype", "fp8"],
+        mlp_budget_under => [MLP, "--budget", "80GB"],
+        mlp_budget_over => [MLP, "--budget", "1KiB"],
+        mlp_budget_over_json => [MLP, "--budget", "1MiB", "--format", "json"],
+        resnet50_budget_24gib_json => [RESNET50, "--budget", "24GiB", "--format", "json"],
+        gpt2_max_batch => [GPT2, "--budget", "24GiB", "--max-batch"],
+        gpt2_max_batch_json => [GPT2, "--budget", "24GiB", "--max-batch", "--format", "json"],
+        mlp_max_batch_too_small => [MLP, "--budget", "1KiB", "--max-batch"],
+        hf_llama_3_8b_max_context => [LLAMA3, "--mode", "infer", "--budget", "24GiB", "--max-context"],
+        hf_llama_3_8b_max_context_json => [LLAMA3, "--mode", "infer", "--budget", "24GiB", "--max-context", "--format", "json"],
+        fixture_mlp_json => ["tests/fixtures/mlp.json", "--format", "json"],
+        seq_without_length_given_one => ["tests/fixtures/seq_without_length.toml", "--seq", "8", "--format", "json"],
+    }
+
+    #[test]
+    fn stdin_toml_json() {
+        let src = std::fs::read_to_string(crate::common::path(MLP)).unwrap();
+        super::check_stdin("flags_stdin_toml_json", &["-", "--format", "json"], &src);
+    }
+
+    #[test]
+    fn file_name_is_the_model_name() {
+        super::check_temp(
+            "flags_file_name_is_the_model_name",
+            "txt",
+            b"[input]\nshape = [4]\n[[layers]]\nkind = \"relu\"\n",
+            &[],
+        );
+    }
+}
+
+/// `--print-model` of every Hugging Face example and two memest files.
+mod print_model {
+    cases! { "print_model_";
+        mlp => ["--print-model", "examples/mlp.toml"],
+        gpt2 => ["--print-model", "examples/gpt2.toml"],
+        hf_bert_base_uncased => ["--print-model", "examples/hf/bert-base-uncased.json"],
+        hf_bert_base_uncased_head_none => ["--print-model", "examples/hf/bert-base-uncased.json", "--head", "none"],
+        hf_bert_base_cls => ["--print-model", "examples/hf/bert_base_cls.json"],
+        hf_gemma_7b => ["--print-model", "examples/hf/gemma-7b.json"],
+        hf_gpt2 => ["--print-model", "examples/hf/gpt2.json"],
+        hf_llama_2_7b => ["--print-model", "examples/hf/llama-2-7b.json"],
+        hf_llama_3_8b => ["--print-model", "examples/hf/llama-3-8b.json"],
+        hf_llama_tiny => ["--print-model", "examples/hf/llama_tiny.json"],
+        hf_mistral_7b_v0_1 => ["--print-model", "examples/hf/mistral-7b-v0.1.json"],
+        hf_mixtral_8x7b => ["--print-model", "examples/hf/mixtral-8x7b.json"],
+        hf_phi_3_mini => ["--print-model", "examples/hf/phi-3-mini.json"],
+        hf_qwen1_5_moe_a2_7b => ["--print-model", "examples/hf/qwen1.5-moe-a2.7b.json"],
+        hf_qwen2_7b => ["--print-model", "examples/hf/qwen2-7b.json"],
+        hf_qwen3_8b => ["--print-model", "examples/hf/qwen3-8b.json"],
+        hf_t5_small => ["--print-model", "examples/hf/t5-small.json"],
+    }
+}
+
+/// `--help`, `-h`, `--version`. Help is not wrapped to the terminal (clap's `wrap_help` is off),
+/// and stdout is not a terminal, so the text has no colour; the width is the fixed default.
+mod help {
+    cases! { "help_";
+        long => ["--help"],
+        short => ["-h"],
+        version => ["--version"],
+    }
+}
+
+/// Every bad input of `errors.rs` and `tests/fixtures/`, and the usage errors.
+mod error {
+    cases! { "error_";
+        fixture_syntax_error_toml => ["tests/fixtures/syntax_error.toml"],
+        fixture_syntax_error_json => ["tests/fixtures/syntax_error.json"],
+        fixture_unknown_key_toml => ["tests/fixtures/unknown_key.toml"],
+        fixture_unknown_key_json => ["tests/fixtures/unknown_key.json"],
+        fixture_unknown_kind => ["tests/fixtures/unknown_kind.toml"],
+        fixture_missing_field => ["tests/fixtures/missing_field.toml"],
+        fixture_conv_on_rank2 => ["tests/fixtures/conv_on_rank2.toml"],
+        fixture_in_features_mismatch => ["tests/fixtures/in_features_mismatch.toml"],
+        fixture_zero_size => ["tests/fixtures/zero_size.toml"],
+        fixture_negative_size => ["tests/fixtures/negative_size.toml"],
+        fixture_empty => ["tests/fixtures/empty.toml"],
+        fixture_unknown_input => ["tests/fixtures/unknown_input.toml"],
+        fixture_repeat_changes_shape => ["tests/fixtures/repeat_changes_shape.toml"],
+        fixture_seq_without_length => ["tests/fixtures/seq_without_length.toml"],
+        fixture_batchnorm2d_on_rank2 => ["tests/fixtures/batchnorm2d_on_rank2.toml"],
+        fixture_batchnorm1d_on_rank4 => ["tests/fixtures/batchnorm1d_on_rank4.toml"],
+        fixture_batchnorm_num_features_mismatch => ["tests/fixtures/batchnorm_num_features_mismatch.toml"],
+        fixture_pool_padding_too_large => ["tests/fixtures/pool_padding_too_large.toml"],
+        fixture_top_level_array => ["tests/fixtures/top_level_array.json"],
+        missing_file => ["tests/fixtures/no-such-model.toml"],
+        directory => ["tests/fixtures"],
+        no_arguments => [],
+        batch_zero => ["examples/mlp.toml", "--batch", "0"],
+        seq_zero => ["examples/gpt2.toml", "--seq", "0"],
+        batch_overflow => ["examples/mlp.toml", "--batch", "18446744073709551615"],
+        unknown_optim => ["examples/mlp.toml", "--optim", "adamm"],
+        optim_adam8bit => ["examples/mlp.toml", "--optim", "adam8bit"],
+        attention_sdpa => ["examples/gpt2.toml", "--attention", "sdpa"],
+        bad_budget => ["examples/mlp.toml", "--budget", "12XB"],
+        amp_with_bfloat16 => ["examples/mlp.toml", "--amp", "bf16", "--dtype", "bfloat16"],
+        head_on_a_memest_file => ["examples/mlp.toml", "--head", "none"],
+        max_batch_without_budget => ["examples/mlp.toml", "--max-batch"],
+        max_batch_and_max_context => ["examples/mlp.toml", "--budget", "1GiB", "--max-batch", "--max-context"],
+        context_with_mode => ["examples/hf/llama_tiny.json", "--context", "16", "--mode", "train"],
+        lora_targets_without_rank => ["examples/mlp.toml", "--lora-targets", "q"],
+        unknown_flag => ["examples/mlp.toml", "--bach", "4"],
+    }
+
+    use super::{check_stdin, check_temp};
+
+    #[test]
+    fn stdin_syntax_error() {
+        check_stdin("error_stdin_syntax_error", &["-"], "[input]\nshape = [4\n");
+    }
+
+    #[test]
+    fn stdin_empty() {
+        check_stdin("error_stdin_empty", &["-"], "");
+    }
+
+    #[test]
+    fn missing_field_inside_a_block() {
+        check_temp(
+            "error_missing_field_inside_a_block",
+            "toml",
+            b"[input]\nshape = [4]\n[[layers]]\nkind = \"repeat\"\nname = \"blk\"\ncount = 2\n  [[layers.layers]]\n  kind = \"relu\"\n  [[layers.layers]]\n  kind = \"linear\"\n  name = \"x\"\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn non_utf8_file() {
+        check_temp(
+            "error_non_utf8_file",
+            "toml",
+            b"[input]\nshape = [\xff\xfe]\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn out_features_overflow() {
+        check_temp(
+            "error_out_features_overflow",
+            "toml",
+            b"[input]\nshape = [4]\n[[layers]]\nkind = \"linear\"\nout_features = 18446744073709551615\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn key_that_does_not_apply_to_the_kind() {
+        check_temp(
+            "error_key_that_does_not_apply_to_the_kind",
+            "toml",
+            b"[input]\nshape = [4]\n[[layers]]\nkind = \"linear\"\nout_features = 3\nkernel = 3\n",
+            &[],
+        );
+    }
+}
