@@ -53,6 +53,55 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl Error {
+    /// The 1-based line and column this error points at, when it has a position.
+    #[must_use]
+    pub fn position(&self) -> Option<(usize, Option<usize>)> {
+        match self {
+            Error::Spec(SpecError {
+                line: Some(l),
+                column,
+                ..
+            }) => Some((*l, *column)),
+            _ => None,
+        }
+    }
+
+    /// This error as found in `origin` (a file name, `<stdin>`).
+    #[must_use]
+    pub fn at(self, origin: impl Into<String>) -> Located {
+        Located {
+            origin: origin.into(),
+            error: self,
+        }
+    }
+}
+
+/// An error with the input it came from. Displays as `origin:line:col: message` when the error
+/// has a position, else `origin: message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// The file the error is in (`<stdin>` for standard input).
+    pub origin: String,
+    /// The error.
+    pub error: Error,
+}
+
+impl fmt::Display for Located {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A positioned error displays as `line:col: message` itself.
+        let sep = if self.error.position().is_some() {
+            ""
+        } else {
+            " "
+        };
+        write!(f, "{}:{sep}{}", self.origin, self.error)
+    }
+}
+
+/// No `source`: the message already includes the error's (`{:#}` chains would repeat it).
+impl std::error::Error for Located {}
+
 /// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
 #[must_use]
 pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {

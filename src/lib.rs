@@ -36,8 +36,71 @@ pub mod spec;
 pub mod trace;
 pub mod units;
 
-pub use error::Error;
+pub use error::{Error, Located};
 pub use report::Report;
+
+/// What to estimate for a parsed model: the flags' overrides, a budget, and a search for the
+/// largest size that fits it.
+#[derive(Clone, Debug, Default)]
+pub struct Query {
+    /// Flags over the file's defaults.
+    pub overrides: settings::Overrides,
+    /// `--budget`, in bytes.
+    pub budget: Option<u64>,
+    /// `--max-batch` or `--max-context` (needs `budget`).
+    pub search: Option<report::Dimension>,
+    /// Warnings found while reading the flags (e.g. from [`settings::Quant::resolve`]); the
+    /// report lists them first.
+    pub warnings: Vec<report::Warning>,
+}
+
+/// Estimates `spec` as `query` asks: at the requested size, then, with a search, at the largest
+/// size that fits the budget (the report stays at the requested size when nothing fits). The
+/// report carries the search's outcome and every warning.
+///
+/// # Errors
+/// As [`estimate_spec`] at the requested size; [`Error::Setting`] for `--max-context` on a model
+/// without a `"seq"` input dimension, or a search without a budget.
+pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, Error> {
+    let o = &query.overrides;
+    let mut report = estimate_spec(spec, name, o, query.budget)?;
+    if let Some(dimension) = query.search {
+        let budget = query.budget.ok_or_else(|| {
+            Error::Setting("--max-batch and --max-context need a --budget".into())
+        })?;
+        let start = match dimension {
+            report::Dimension::Batch => report.settings.batch,
+            report::Dimension::Context => report.settings.seq.ok_or_else(|| {
+                Error::Setting("--max-context needs a model with a \"seq\" input dimension".into())
+            })?,
+        };
+        let found = search::max_fitting(spec, name, o, budget, dimension, start);
+        let largest = found.as_ref().map(|(v, _)| *v);
+        if let Some((_, r)) = found {
+            report = r;
+        }
+        report.search = Some(report::SearchOutcome {
+            dimension,
+            budget_bytes: budget,
+            largest,
+        });
+    }
+    report.warnings.clone_from(&query.warnings);
+    if o.seq.is_some() && !spec.input.shape.contains(&spec::DimSpec::Seq) {
+        report.warnings.insert(0, report::Warning::SeqWithoutSeqDim);
+    }
+    if o.checkpoint
+        && !spec
+            .layers
+            .iter()
+            .any(|l| l.kind == spec::LayerKind::Repeat)
+    {
+        report
+            .warnings
+            .push(report::Warning::CheckpointWithoutBlocks);
+    }
+    Ok(report)
+}
 
 /// Parses, traces and simulates a model description in one call.
 ///

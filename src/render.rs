@@ -1,5 +1,7 @@
 //! Tables for people (comfy-table). Pure functions of a [`Report`].
 
+use std::fmt::{self, Write as _};
+
 use comfy_table::{CellAlignment, Table, presets};
 
 use crate::report::Report;
@@ -27,86 +29,88 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// The header and the per-category table.
+/// The search's outcome (`--max-batch`, `--max-context`), the header and the per-category table.
 #[must_use]
 pub fn summary(r: &Report, units: UnitSystem) -> String {
+    let mut out = String::new();
+    // Writing to a `String` cannot fail.
+    let _ = write_summary(&mut out, r, units);
+    out
+}
+
+fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
     let s = &r.settings;
     let fmt = |b: u64| format_bytes(b, units);
-    let mut out = String::new();
-    let mut run = format!("batch {}", s.batch);
-    if let Some(seq) = s.seq {
-        run.push_str(&format!(", seq {seq}"));
+    if let Some(found) = &r.search {
+        let what = found.dimension.name();
+        let budget = fmt(found.budget_bytes);
+        match found.largest {
+            Some(v) => writeln!(out, "largest {what} that fits {budget}: {v}")?,
+            None => writeln!(
+                out,
+                "largest {what} that fits {budget}: none (the estimate below is at the size asked for)"
+            )?,
+        }
     }
-    run.push_str(&format!(", {}", s.dtype));
+    writeln!(out, "model: {}  input: {}", r.model, r.input_shape)?;
+    write!(out, "run:   batch {}", s.batch)?;
+    if let Some(seq) = s.seq {
+        write!(out, ", seq {seq}")?;
+    }
+    write!(out, ", {}", s.dtype)?;
     if let Some(amp) = s.amp {
-        run.push_str(&format!(" (autocast {})", amp.dtype()));
+        write!(out, " (autocast {})", amp.dtype())?;
     }
     match s.optimizer {
-        Some(o) => run.push_str(&format!(", {o}, train")),
-        None => run.push_str(&format!(
-            ", {}",
-            if s.training() {
-                "train, no optimizer"
-            } else {
-                "infer"
-            }
-        )),
+        Some(o) => write!(out, ", {o}, train")?,
+        None if s.training() => write!(out, ", train, no optimizer")?,
+        None => write!(out, ", infer")?,
     }
-    let attention = match s.attention {
-        crate::settings::AttentionImpl::Eager => "eager",
-        crate::settings::AttentionImpl::Flash => "flash",
-    };
+    write!(out, "; ")?;
+    if r.layers.iter().any(|l| l.kind.ends_with("attention")) {
+        let attention = match s.attention {
+            crate::settings::AttentionImpl::Eager => "eager",
+            crate::settings::AttentionImpl::Flash => "flash",
+        };
+        write!(out, "{attention} attention, ")?;
+    }
     let device = match s.device {
         crate::settings::Device::Cpu => "cpu",
         crate::settings::Device::Cuda => "cuda",
     };
-    out.push_str(&format!("model: {}  input: {}\n", r.model, r.input_shape));
-    let has_attention = r.layers.iter().any(|l| l.kind.ends_with("attention"));
-    let attention = if has_attention {
-        format!("{attention} attention, ")
-    } else {
-        String::new()
-    };
-    out.push_str(&format!(
-        "run:   {run}; {attention}{device} kernels{}\n",
-        if s.checkpoint {
-            ", checkpointed blocks"
-        } else {
-            ""
-        }
-    ));
+    write!(out, "{device} kernels")?;
+    if s.checkpoint {
+        write!(out, ", checkpointed blocks")?;
+    }
+    writeln!(out)?;
     if s.training() {
-        out.push_str(&format!(
-            "parameters: {} ({} trainable)\n",
+        writeln!(
+            out,
+            "parameters: {} ({} trainable)",
             thousands(r.param_count),
             thousands(r.trainable_param_count)
-        ));
+        )?;
     } else {
-        out.push_str(&format!("parameters: {}\n", thousands(r.param_count)));
+        writeln!(out, "parameters: {}", thousands(r.param_count))?;
     }
-    out.push_str(&recipe_line(r));
+    out.write_str(&recipe_line(r))?;
     if r.parameters_by_dtype.len() > 1 {
-        let parts: Vec<String> = r
-            .parameters_by_dtype
-            .iter()
-            .map(|(d, &b)| {
-                let n = r.param_count_by_dtype.get(d).copied().unwrap_or(0);
-                format!(
-                    "{d} {} ({} parameters)",
-                    format_bytes(b, units),
-                    thousands(n)
-                )
-            })
-            .collect();
-        out.push_str(&format!("parameters by dtype: {}\n", parts.join(", ")));
+        write!(out, "parameters by dtype: ")?;
+        for (i, (d, &b)) in r.parameters_by_dtype.iter().enumerate() {
+            let n = r.param_count_by_dtype.get(d).copied().unwrap_or(0);
+            let comma = if i > 0 { ", " } else { "" };
+            write!(out, "{comma}{d} {} ({} parameters)", fmt(b), thousands(n))?;
+        }
+        writeln!(out)?;
     }
     if let Some(lora) = &r.settings.lora {
-        out.push_str(&format!(
-            "lora: rank {} on {}: the base is frozen; the {} trainable adapter parameters are float32 (PEFT), so gradients and optimizer state are theirs alone (the recipe line applies to the base weights)\n",
+        writeln!(
+            out,
+            "lora: rank {} on {}: the base is frozen; the {} trainable adapter parameters are float32 (PEFT), so gradients and optimizer state are theirs alone (the recipe line applies to the base weights)",
             lora.rank,
             lora.targets.join(","),
             thousands(r.trainable_param_count)
-        ));
+        )?;
     }
 
     let mut table = Table::new();
@@ -143,52 +147,54 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    out.push_str(&table.to_string());
-    out.push('\n');
-    let at = r
-        .peak_layer
-        .as_deref()
-        .map(|l| format!(" at `{l}`"))
-        .unwrap_or_default();
-    out.push_str(&format!(
-        "peak: {} during the {}{at}\n",
+    writeln!(out, "{table}")?;
+    write!(
+        out,
+        "peak: {} during the {}",
         fmt(r.peak_bytes),
         r.peak_phase.title()
-    ));
+    )?;
+    if let Some(l) = &r.peak_layer {
+        write!(out, " at `{l}`")?;
+    }
+    writeln!(out)?;
     if s.training() {
-        let master = if r.master_weights_bytes > 0 {
-            format!("; master weights: {}", fmt(r.master_weights_bytes))
-        } else {
-            String::new()
-        };
-        out.push_str(&format!(
-            "saved for backward: {}; gradients: {}; optimizer state: {}{master}\n",
+        write!(
+            out,
+            "saved for backward: {}; gradients: {}; optimizer state: {}",
             fmt(r.activations_bytes),
             fmt(r.gradients_bytes),
             fmt(r.optimizer_state_bytes)
-        ));
+        )?;
+        if r.master_weights_bytes > 0 {
+            write!(out, "; master weights: {}", fmt(r.master_weights_bytes))?;
+        }
+        writeln!(out)?;
     } else {
-        out.push_str(&format!(
-            "largest set of live activations: {}\n",
+        writeln!(
+            out,
+            "largest set of live activations: {}",
             fmt(r.peak_activations_bytes)
-        ));
+        )?;
     }
     if let Some(b) = &r.budget {
         if b.fits {
-            out.push_str(&format!(
-                "budget: {}: fits, {} to spare\n",
+            writeln!(
+                out,
+                "budget: {}: fits, {} to spare",
                 fmt(b.budget_bytes),
-                fmt(b.budget_bytes - r.total_bytes)
-            ));
+                fmt(b.budget_bytes.saturating_sub(r.total_bytes))
+            )?;
         } else {
-            out.push_str(&format!(
-                "budget: {}: OVER by {}\n",
+            writeln!(
+                out,
+                "budget: {}: OVER by {}",
                 fmt(b.budget_bytes),
                 fmt(b.overshoot_bytes)
-            ));
+            )?;
         }
     }
-    out
+    Ok(())
 }
 
 /// A bytes-per-parameter figure: whole numbers plain, others with up to three decimals.

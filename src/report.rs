@@ -71,6 +71,89 @@ pub struct Report {
     pub budget: Option<Budget>,
     /// One entry per layer (layers of repeated blocks once, with `repeat` copies).
     pub layers: Vec<LayerReport>,
+    /// The `--max-batch`/`--max-context` search, when one ran: serialized as one top-level key,
+    /// `max_batch` or `max_context`, whose value is the largest size that fits (0 when none does;
+    /// the report is then at the size asked for).
+    #[serde(flatten)]
+    pub search: Option<SearchOutcome>,
+    /// Flags or settings that had no effect (left out of the JSON when empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Warning>,
+}
+
+/// What the budget search varies (`--max-batch`, `--max-context`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dimension {
+    /// The micro-batch size (`--batch`).
+    Batch,
+    /// The sequence length (`--seq`), i.e. the context of an inference pass.
+    Context,
+}
+
+impl Dimension {
+    /// `batch` or `context`, as the output names it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dimension::Batch => "batch",
+            Dimension::Context => "context",
+        }
+    }
+}
+
+/// The result of a budget search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SearchOutcome {
+    /// What was varied.
+    pub dimension: Dimension,
+    /// The budget searched against, in bytes.
+    pub budget_bytes: u64,
+    /// The largest size that fits, `None` when not even the smallest does.
+    pub largest: Option<u64>,
+}
+
+impl Serialize for SearchOutcome {
+    /// `{"max_batch": n}` or `{"max_context": n}`, with 0 when nothing fits.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let key = match self.dimension {
+            Dimension::Batch => "max_batch",
+            Dimension::Context => "max_context",
+        };
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry(key, &self.largest.unwrap_or(0))?;
+        map.end()
+    }
+}
+
+/// A flag or setting without effect, reported beside the estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Warning {
+    /// `--seq` or `--context` on a model whose input has no `"seq"` dimension.
+    SeqWithoutSeqDim,
+    /// `--group-size` or `--double-quant` without `--dtype int4` or `nf4`.
+    QuantFlagsWithoutQuant,
+    /// `--checkpoint` on a model without repeated blocks.
+    CheckpointWithoutBlocks,
+}
+
+impl Warning {
+    /// The message, naming the model file as `origin`.
+    #[must_use]
+    pub fn message(self, origin: &str) -> String {
+        match self {
+            Warning::SeqWithoutSeqDim => format!(
+                "--seq/--context set no length: the input of {origin} has no \"seq\" dimension"
+            ),
+            Warning::QuantFlagsWithoutQuant => {
+                "--group-size and --double-quant apply only to --dtype int4 and nf4".to_string()
+            }
+            Warning::CheckpointWithoutBlocks => {
+                format!("--checkpoint has no effect: {origin} has no repeated blocks to checkpoint")
+            }
+        }
+    }
 }
 
 /// The precision recipe: the dtypes it fixes and its bytes per parameter.
@@ -275,7 +358,20 @@ impl Report {
                 overshoot_bytes: total.saturating_sub(b),
             }),
             layers,
+            search: None,
+            warnings: Vec::new(),
         }
+    }
+
+    /// The report as pretty-printed JSON, keys sorted alphabetically at every level (the
+    /// `--format json` output).
+    ///
+    /// # Errors
+    /// None in practice: every field serializes.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        // Through `Value`, whose maps are ordered by key: stable output for diffs and scripts.
+        let value = serde_json::to_value(self)?;
+        serde_json::to_string_pretty(&value)
     }
 }
 

@@ -1,29 +1,10 @@
 //! Searching for the largest micro-batch or context that fits a budget (`--max-batch`,
 //! `--max-context`).
 
+pub use crate::report::Dimension;
 use crate::report::Report;
 use crate::settings::Overrides;
 use crate::spec::ModelSpec;
-
-/// What the search varies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dimension {
-    /// The micro-batch size (`--batch`).
-    Batch,
-    /// The sequence length (`--seq`), i.e. the context of an inference pass.
-    Context,
-}
-
-impl Dimension {
-    /// `batch` or `context`, as the output names it.
-    #[must_use]
-    pub const fn name(self) -> &'static str {
-        match self {
-            Dimension::Batch => "batch",
-            Dimension::Context => "context",
-        }
-    }
-}
 
 /// The largest value of `dim` whose estimate fits `budget` bytes, with that estimate, searching
 /// up from 1, or from `start` (the size asked for) when 1 is not a valid size for the model.

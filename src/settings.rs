@@ -480,6 +480,52 @@ impl Quant {
             Quant::Fp8 => "fp8",
         }
     }
+
+    /// Applies the format options `--group-size` (int4) and `--double-quant` (nf4) to `base` (as
+    /// parsed, with the default options). Options that do not belong to the format are ignored;
+    /// [`Warning::QuantFlagsWithoutQuant`] when some were given and there is no quantization.
+    ///
+    /// [`Warning::QuantFlagsWithoutQuant`]: crate::report::Warning::QuantFlagsWithoutQuant
+    #[must_use]
+    pub fn resolve(
+        base: Option<Quant>,
+        group_size: Option<u64>,
+        double_quant: Option<bool>,
+    ) -> (Option<Quant>, Option<crate::report::Warning>) {
+        let given = group_size.is_some() || double_quant.is_some();
+        let quant = base.map(|q| match q {
+            Quant::Nf4 { double_quant: d } => Quant::Nf4 {
+                double_quant: double_quant.unwrap_or(d),
+            },
+            Quant::Int4 { group_size: g } => Quant::Int4 {
+                group_size: group_size.unwrap_or(g),
+            },
+            other => other,
+        });
+        let warning =
+            (given && quant.is_none()).then_some(crate::report::Warning::QuantFlagsWithoutQuant);
+        (quant, warning)
+    }
+}
+
+impl std::str::FromStr for Quant {
+    type Err = String;
+
+    /// `nf4` (with double quantization), `int8`, `int4` (groups of 128) or `fp8`,
+    /// case-insensitively.
+    fn from_str(s: &str) -> Result<Quant, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "nf4" => Quant::Nf4 { double_quant: true },
+            "int8" => Quant::Int8,
+            "int4" => Quant::Int4 { group_size: 128 },
+            "fp8" => Quant::Fp8,
+            _ => {
+                return Err(format!(
+                    "unknown quantization `{s}`, expected nf4, int8, int4 or fp8"
+                ));
+            }
+        })
+    }
 }
 
 /// Weight quantization of linear projections (norms, embeddings and the LM head keep the compute

@@ -1,0 +1,371 @@
+//! The command line: clap's flags and their translation into a typed [`Request`].
+
+use std::io::{self, IsTerminal, Read};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+
+use memest::Query;
+use memest::dtype::DType;
+use memest::hf::Head;
+use memest::report::Dimension;
+use memest::settings::{
+    Amp, AttentionImpl, Device, Lora, Mode, Optimizer, Overrides, Quant, RecipeName,
+};
+use memest::spec::Format;
+use memest::units::{UnitSystem, parse_size};
+
+const EXIT_STATUS: &str = "Exit status: 0 = estimate printed (and it fits the --budget), 1 = over the --budget, 2 = bad input or usage.";
+
+/// Estimate the GPU memory of a PyTorch training step or inference pass from a model description.
+#[derive(Parser, Debug)]
+#[command(name = "memest", version, about, after_help = EXIT_STATUS)]
+pub struct Cli {
+    /// Model description (TOML or JSON); `-` reads standard input.
+    model: PathBuf,
+    /// Micro-batch size.
+    #[arg(long, short = 'b', value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Option<u64>,
+    /// Sequence length for token inputs.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    seq: Option<u64>,
+    /// Optimizer whose state is counted.
+    #[arg(long, value_enum)]
+    optim: Option<Optimizer>,
+    /// dtype of parameters and activations (float32, bfloat16, float16, float64, …), or a
+    /// weight quantization of the linear projections (nf4, int8, int4, fp8) with bfloat16 for
+    /// everything else.
+    #[arg(long, value_parser = parse_dtype_arg)]
+    dtype: Option<DtypeArg>,
+    /// Weights per group of `--dtype int4` (GPTQ/AWQ group size) [default: 128]
+    #[arg(
+        long,
+        value_parser = clap::value_parser!(u64).range(1..),
+        long_help = "Weights per group of `--dtype int4` (GPTQ/AWQ group size)\n\n[default: 128]"
+    )]
+    group_size: Option<u64>,
+    /// Double quantization of `--dtype nf4`'s absmax scales (bitsandbytes
+    /// `bnb_4bit_use_double_quant`) [default: true] [possible values: true, false]
+    #[arg(
+        long,
+        action = clap::ArgAction::Set,
+        hide_possible_values = true,
+        long_help = "Double quantization of `--dtype nf4`'s absmax scales (bitsandbytes `bnb_4bit_use_double_quant`)\n\n[default: true]\n[possible values: true, false]"
+    )]
+    double_quant: Option<bool>,
+    /// LoRA: freeze the model and train rank-R adapters on the --lora-targets projections.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    lora_rank: Option<u64>,
+    /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
+    /// suffixes (gate, up, down match *.gate_proj, *.up_proj, *.down_proj).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "q,k,v,o,gate,up,down",
+        requires = "lora_rank"
+    )]
+    lora_targets: Vec<String>,
+    /// Inference over N tokens of context: --mode infer with a sequence length of N (the KV cache
+    /// of causal attention holds N tokens).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["mode", "seq"])]
+    context: Option<u64>,
+    /// dtype of the inference KV cache (e.g. fp8, bfloat16); default: the activation dtype.
+    #[arg(long, value_parser = parse_dtype)]
+    kv_dtype: Option<DType>,
+    /// With --budget: find the largest micro-batch that fits, and report at it.
+    #[arg(long, requires = "budget", conflicts_with = "max_context")]
+    max_batch: bool,
+    /// With --budget: find the longest context (sequence length) that fits, and report at it.
+    #[arg(long, requires = "budget")]
+    max_context: bool,
+    /// Training step or inference forward pass.
+    #[arg(long, value_enum)]
+    mode: Option<Mode>,
+    /// How attention is computed.
+    #[arg(long, value_enum)]
+    attention: Option<AttentionImpl>,
+    /// Mixed precision: float32 weights under torch.autocast.
+    #[arg(long, value_enum)]
+    amp: Option<Amp>,
+    /// Precision recipe: the dtypes of weights, gradients, master weights and optimizer state
+    /// (fp32, bf16, fp16, amp-bf16, amp-fp16, mixed-bf16, mixed-fp16, mixed-bf16-fp32-grads);
+    /// default: what --dtype and --amp imply.
+    #[arg(long, value_enum)]
+    recipe: Option<RecipeName>,
+    /// Activation checkpointing of every repeated block.
+    #[arg(long)]
+    checkpoint: bool,
+    /// Whose kernels' saved tensors to model (the measured reference is cpu).
+    #[arg(long, value_enum)]
+    device: Option<Device>,
+    /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 80GB, 1073741824.
+    #[arg(long, value_parser = parse_budget)]
+    budget: Option<u64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    format: OutputFormat,
+    /// Print SI units (MB, GB) instead of IEC (MiB, GiB).
+    #[arg(long)]
+    si: bool,
+    /// Also print a per-layer table (output shape, parameters, what each layer keeps).
+    #[arg(long)]
+    per_layer: bool,
+    /// Head on a Hugging Face config.json: `auto` follows its `architectures`; `none` is the bare
+    /// model without a loss.
+    #[arg(long, value_enum, default_value_t = Head::Auto)]
+    head: Head,
+    /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face
+    /// config.json, and exit.
+    #[arg(long)]
+    print_model: bool,
+}
+
+/// How the report is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    // Tables for people. (No doc comments here: clap would list them in `--help`.)
+    Table,
+    // One JSON object, described by `schema/report.schema.json`.
+    Json,
+}
+
+/// A `--dtype` value: a float dtype for the whole model, or a weight quantization.
+#[derive(Clone, Copy, Debug)]
+enum DtypeArg {
+    Float(DType),
+    Quant(Quant),
+}
+
+fn parse_dtype_arg(s: &str) -> Result<DtypeArg, String> {
+    match s.parse::<Quant>() {
+        Ok(q) => Ok(DtypeArg::Quant(q)),
+        Err(_) => parse_dtype(s).map(DtypeArg::Float),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+        .map_err(|e: memest::dtype::DTypeParseError| e.to_string())
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Where the model description comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InputSource {
+    /// Standard input (`-`).
+    Stdin,
+    /// A file.
+    Path(PathBuf),
+}
+
+/// A model description read into memory.
+#[derive(Clone, Debug)]
+pub struct Input {
+    /// The text.
+    pub src: String,
+    /// How errors and warnings name it: the path, or `<stdin>`.
+    pub origin: String,
+    /// Its syntax: from the extension, else sniffed.
+    pub format: Format,
+    /// The model's name when the file gives none: the file stem, or `model`.
+    pub name: String,
+}
+
+impl InputSource {
+    /// Reads the description.
+    ///
+    /// # Errors
+    /// When the file or standard input cannot be read.
+    pub fn read(&self) -> Result<Input> {
+        match self {
+            InputSource::Stdin => {
+                let mut src = String::new();
+                if io::stdin().is_terminal() {
+                    eprintln!("memest: reading the model description from standard input");
+                }
+                io::stdin()
+                    .read_to_string(&mut src)
+                    .context("failed to read standard input")?;
+                let format = Format::sniff(&src);
+                Ok(Input {
+                    src,
+                    origin: "<stdin>".into(),
+                    format,
+                    name: "model".into(),
+                })
+            }
+            InputSource::Path(path) => {
+                let src = std::fs::read_to_string(path)
+                    .with_context(|| format!("failed to read {}", path.display()))?;
+                let format = Format::from_extension(path).unwrap_or_else(|| Format::sniff(&src));
+                let name = path
+                    .file_stem()
+                    .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+                Ok(Input {
+                    src,
+                    origin: path.display().to_string(),
+                    format,
+                    name,
+                })
+            }
+        }
+    }
+}
+
+/// How to print the report.
+#[derive(Clone, Copy, Debug)]
+pub struct OutputOpts {
+    /// Table or JSON.
+    pub format: OutputFormat,
+    /// IEC or SI units in tables.
+    pub units: UnitSystem,
+    /// Also the per-layer table.
+    pub per_layer: bool,
+}
+
+/// What the command line asks for, resolved and typed.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The model description.
+    pub input: InputSource,
+    /// The head on a Hugging Face config.
+    pub head: Head,
+    /// Overrides, budget, search and the warnings the flags raise.
+    pub query: Query,
+    /// How to print.
+    pub output: OutputOpts,
+    /// `--print-model`: print the description as TOML instead of estimating.
+    pub print_model: bool,
+}
+
+impl Cli {
+    /// Resolves the flags into a [`Request`].
+    ///
+    /// # Errors
+    /// None today; flag combinations clap cannot check will be reported here.
+    pub fn into_request(self) -> Result<Request> {
+        let (dtype, base_quant) = match self.dtype {
+            None => (None, None),
+            Some(DtypeArg::Float(d)) => (Some(d), None),
+            Some(DtypeArg::Quant(q)) => (Some(DType::Bfloat16), Some(q)),
+        };
+        let (quant, warning) = Quant::resolve(base_quant, self.group_size, self.double_quant);
+        let overrides = Overrides {
+            batch: self.batch,
+            seq: self.context.or(self.seq),
+            dtype,
+            optimizer: self.optim,
+            mode: if self.context.is_some() {
+                Some(Mode::Infer)
+            } else {
+                self.mode
+            },
+            attention: self.attention,
+            amp: self.amp,
+            checkpoint: self.checkpoint,
+            device: self.device,
+            lora: self.lora_rank.map(|rank| Lora {
+                rank,
+                targets: self.lora_targets,
+            }),
+            quant,
+            kv_dtype: self.kv_dtype,
+            recipe: self.recipe,
+        };
+        let search = if self.max_batch {
+            Some(Dimension::Batch)
+        } else if self.max_context {
+            Some(Dimension::Context)
+        } else {
+            None
+        };
+        Ok(Request {
+            input: if self.model.as_os_str() == "-" {
+                InputSource::Stdin
+            } else {
+                InputSource::Path(self.model)
+            },
+            head: self.head,
+            query: Query {
+                overrides,
+                budget: self.budget,
+                search,
+                warnings: warning.into_iter().collect(),
+            },
+            output: OutputOpts {
+                format: self.format,
+                units: if self.si {
+                    UnitSystem::Si
+                } else {
+                    UnitSystem::Iec
+                },
+                per_layer: self.per_layer,
+            },
+            print_model: self.print_model,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    fn request(args: &[&str]) -> Request {
+        let mut argv = vec!["memest", "m.toml"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).unwrap().into_request().unwrap()
+    }
+
+    #[test]
+    fn quant_options_apply_to_their_format() {
+        let r = request(&["--dtype", "int4", "--group-size", "64"]);
+        assert_eq!(
+            r.query.overrides.quant,
+            Some(Quant::Int4 { group_size: 64 })
+        );
+        assert_eq!(r.query.overrides.dtype, Some(DType::Bfloat16));
+        assert!(r.query.warnings.is_empty());
+        let r = request(&["--dtype", "NF4", "--double-quant", "false"]);
+        assert_eq!(
+            r.query.overrides.quant,
+            Some(Quant::Nf4 {
+                double_quant: false
+            })
+        );
+        let r = request(&["--dtype", "nf4"]);
+        assert_eq!(
+            r.query.overrides.quant,
+            Some(Quant::Nf4 { double_quant: true })
+        );
+    }
+
+    #[test]
+    fn quant_options_without_quant_warn() {
+        let r = request(&["--group-size", "64"]);
+        assert_eq!(r.query.overrides.quant, None);
+        assert_eq!(
+            r.query.warnings,
+            [memest::report::Warning::QuantFlagsWithoutQuant]
+        );
+        assert!(request(&["--dtype", "bf16"]).query.warnings.is_empty());
+    }
+
+    #[test]
+    fn context_means_inference_at_that_length() {
+        let r = request(&["--context", "512", "--budget", "1GiB", "--max-context"]);
+        assert_eq!(r.query.overrides.seq, Some(512));
+        assert_eq!(r.query.overrides.mode, Some(Mode::Infer));
+        assert_eq!(r.query.search, Some(Dimension::Context));
+        assert_eq!(r.query.budget, Some(1 << 30));
+    }
+}
