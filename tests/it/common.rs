@@ -1,9 +1,8 @@
 //! Helpers shared by the integration tests: running the binary, temporary model files, JSON.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::Output;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -17,37 +16,31 @@ pub fn path(rel: &str) -> PathBuf {
     root().join(rel)
 }
 
-fn command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memest"));
-    // A fixed terminal width, in case help text is ever wrapped to the terminal.
-    cmd.args(args).current_dir(root()).env("COLUMNS", "100");
+/// `memest ARGS` from the crate root, with a fixed terminal width (in case help text is ever
+/// wrapped to the terminal) and a time limit, so that a hang fails instead of blocking the suite.
+fn command(args: &[&str]) -> assert_cmd::Command {
+    let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("memest");
+    cmd.args(args)
+        .current_dir(root())
+        .env("COLUMNS", "100")
+        .timeout(Duration::from_secs(120));
     cmd
 }
 
 /// Runs `memest ARGS` from the crate root, with an empty standard input.
 pub fn memest(args: &[&str]) -> Output {
     command(args)
-        .stdin(Stdio::null())
         .output()
         .expect("failed to run the memest binary")
 }
 
-/// Runs `memest ARGS` from the crate root with `stdin` as standard input.
+/// Runs `memest ARGS` from the crate root with `stdin` as standard input (memest may exit
+/// before reading it all, e.g. on a usage error: assert_cmd ignores the broken pipe).
 pub fn memest_stdin(args: &[&str], stdin: &str) -> Output {
-    let mut child = command(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("failed to start the memest binary");
-    {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        // memest may exit before reading everything (e.g. on a usage error); ignore EPIPE.
-        let _ = pipe.write_all(stdin.as_bytes());
-    }
-    child
-        .wait_with_output()
-        .expect("failed to wait for the memest binary")
+    command(args)
+        .write_stdin(stdin)
+        .output()
+        .expect("failed to run the memest binary")
 }
 
 /// The exit code (panics when the process was killed by a signal).
@@ -110,40 +103,30 @@ pub fn u(v: &Value, key: &str) -> u64 {
 
 /// A model file under the system temporary folder, removed when dropped.
 pub struct TempModel {
-    path: PathBuf,
+    file: tempfile::NamedTempFile,
 }
 
 impl TempModel {
     /// Writes `contents` to a new file with a unique name ending in `.ext` (`toml`, `json`, or
     /// anything else to exercise content sniffing).
     pub fn new(ext: &str, contents: &str) -> TempModel {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let path = std::env::temp_dir().join(format!(
-            "memest-it-{}-{n}-{nanos}.{ext}",
-            std::process::id()
-        ));
-        std::fs::write(&path, contents).expect("failed to write a temporary model file");
-        TempModel { path }
+        let file = tempfile::Builder::new()
+            .prefix("memest-it-")
+            .suffix(&format!(".{ext}"))
+            .tempfile()
+            .expect("failed to create a temporary model file");
+        std::fs::write(file.path(), contents).expect("failed to write a temporary model file");
+        TempModel { file }
     }
 
     /// The file's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// The file's path as `&str`, for argument lists.
     pub fn arg(&self) -> &str {
-        self.path.to_str().expect("temporary paths are UTF-8")
-    }
-}
-
-impl Drop for TempModel {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.path().to_str().expect("temporary paths are UTF-8")
     }
 }
 
