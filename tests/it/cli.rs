@@ -85,15 +85,6 @@ fn mlp_figures() {
 }
 
 #[test]
-fn total_equals_peak() {
-    for file in [MLP, "examples/resnet50.toml", "examples/gpt2.toml"] {
-        let v = report(&[file]);
-        assert_eq!(u(&v, "total_bytes"), u(&v, "peak_bytes"), "{file}");
-        assert!(u(&v, "peak_bytes") > u(&v, "parameters_bytes"), "{file}");
-    }
-}
-
-#[test]
 fn peak_covers_the_persistent_state() {
     let v = report(&[MLP]);
     let persistent = u(&v, "parameters_bytes")
@@ -223,39 +214,118 @@ fn amp_keeps_float32_weights() {
     assert_eq!(u(&amp, "parameters_bytes"), u(&fp32, "parameters_bytes"));
     assert_eq!(u(&amp, "gradients_bytes"), u(&fp32, "gradients_bytes"));
     assert_eq!(amp["settings"]["amp"], "bf16");
-    // Autocast saves 16-bit activations, so fewer bytes are kept.
-    assert!(u(&amp, "activations_bytes") < u(&fp32, "activations_bytes"));
+    // Autocast saves 16-bit activations, so fewer bytes are kept. examples/resnet50.toml runs at
+    // batch 8, as the measured cases resnet50-b8-fp32-sgdm and resnet50-b8-ampbf16-sgdm
+    // (tests/data/reference.json: 682,703,684 and 401,310,916 bytes saved) do; memest's figures
+    // are those less the 8 int64 labels (64 bytes) that the measurement counts as saved and
+    // memest counts as the input batch (issue 7).
+    assert_eq!(u(&fp32, "activations_bytes"), 682_703_684 - 8 * 8);
+    assert_eq!(u(&amp, "activations_bytes"), 401_310_916 - 8 * 8);
 }
 
 #[test]
 fn infer_mode_keeps_nothing_for_backward() {
-    for file in [MLP, "examples/resnet50.toml", "examples/gpt2.toml"] {
+    // The peak of the forward pass alone, per file:
+    // - mlp: the parameters, the [32, 1000] float32 input (128,000 bytes), and fc1's and relu1's
+    //   [32, 2000] float32 outputs (256,000 bytes each), both alive while relu1 runs.
+    // - resnet50 (batch 8): today's figure; the measurement resnet50-b8-fp32-infer is 197,172,896
+    //   (memest 3.26 % low; reference.rs holds that case to its allowance).
+    // - gpt2 (batch 4, seq 256): the parameters, the [4, 256] int64 token ids (8,192 bytes), the
+    //   KV cache that `use_cache` keeps (12 layers × key and value [4, 12, 256, 64] float32:
+    //   75,497,472), the [4, 256, 50257] float32 logits (205,852,672) and the [4, 256, 768]
+    //   float32 hidden state they are computed from (3,145,728): exactly the measured
+    //   gpt2-b4-s256-fp32-infer peak of 782,263,296.
+    let gpt2_params = 497_759_232;
+    for (file, peak) in [
+        (MLP, 4 * MLP_PARAMS + 128_000 + 2 * 256_000),
+        ("examples/resnet50.toml", 190_750_792),
+        (
+            "examples/gpt2.toml",
+            gpt2_params + 8_192 + 12 * 2 * 3_145_728 + 205_852_672 + 3_145_728,
+        ),
+    ] {
         let v = report(&[file, "--mode", "infer"]);
         assert_eq!(u(&v, "gradients_bytes"), 0, "{file}");
         assert_eq!(u(&v, "activations_bytes"), 0, "{file}");
         assert_eq!(u(&v, "optimizer_state_bytes"), 0, "{file}");
-        assert!(u(&v, "peak_activations_bytes") > 0, "{file}");
         assert_eq!(v["settings"]["mode"], "infer", "{file}");
+        assert_eq!(u(&v, "peak_bytes"), peak, "{file}");
         let train = report(&[file]);
-        assert!(u(&v, "peak_bytes") < u(&train, "peak_bytes"), "{file}");
         assert_eq!(
             u(&v, "parameters_bytes"),
             u(&train, "parameters_bytes"),
             "{file}"
         );
     }
+    assert_eq!(
+        u(&report(&["examples/gpt2.toml"]), "parameters_bytes"),
+        gpt2_params
+    );
+}
+
+/// Bytes examples/gpt2.toml (float32, GPT-2 small: hidden d = 768, h = 12 heads, L = 12 blocks,
+/// vocabulary V = 50,257) saves for backward at micro-batch `b` and sequence length `s`, with
+/// T = b·s tokens, read off the per-layer breakdown and checked against PyTorch below:
+///
+/// - outside the blocks: the [1, s] int64 position ids (8s); the embedding dropout's float32
+///   noise (4Td); ln_f's input and its float32 mean and rstd (4Td + 8T); lm_head's input (4Td);
+///   the loss's [b, s, V] float32 log-probabilities, int64 shifted labels and float32
+///   total_weight (4TV + 8T + 4).
+/// - per block, besides attention: ln_1 and ln_2 (2 × (4Td + 8T)), the residual and MLP dropout
+///   noise (2 × 4Td), c_fc's input (4Td), gelu_new's input and three [T, 4d] float32 outputs
+///   (4 × 16Td), c_proj's [T, 4d] input (16Td): 100Td + 16T.
+/// - attention, eager: five [T, d]-sized float32 tensors (the block input, key, value, the query
+///   copy, the merged heads: 20Td) and three [b, h, s, s] float32 tensors (softmax output, dropout
+///   noise, dropped probabilities: 12·b·h·s²).
+/// - attention, flash (SDPA): the input, key, value and output (16Td), the fused [T, 3d] qkv
+///   projection (12Td) and the [b, h, s] float32 logsumexp (4·b·h·s).
+///
+/// At b = 4, s = 256 the eager and flash figures equal the measured gpt2-b4-s256-fp32-adamw-eager
+/// and -flash cases (tests/data/reference.json) to the byte.
+fn gpt2_activations(b: u64, s: u64, flash: bool) -> u64 {
+    let (d, h, layers) = (768, 12, 12);
+    let t = b * s;
+    let block = 100 * t * d + 16 * t;
+    let attention = if flash {
+        16 * t * d + 12 * t * d + 4 * b * h * s
+    } else {
+        20 * t * d + 12 * b * h * s * s
+    };
+    gpt2_outside_blocks(b, s) + layers * (block + attention)
+}
+
+/// What examples/gpt2.toml saves outside its 12 blocks (see [`gpt2_activations`]).
+fn gpt2_outside_blocks(b: u64, s: u64) -> u64 {
+    let (d, vocab) = (768, 50_257);
+    let t = b * s;
+    8 * s + 4 * t * d + (4 * t * d + 8 * t) + 4 * t * d + (4 * t * vocab + 8 * t + 4)
+}
+
+#[test]
+fn gpt2_activations_formula_matches_the_measurements() {
+    assert_eq!(gpt2_activations(4, 256, false), 1_800_951_812);
+    assert_eq!(gpt2_activations(4, 256, true), 1_424_054_276);
 }
 
 #[test]
 fn checkpointing_lowers_gpt2_activations() {
     let plain = report(&["examples/gpt2.toml"]);
     let ckpt = report(&["examples/gpt2.toml", "--checkpoint"]);
-    assert!(
-        u(&ckpt, "activations_bytes") < u(&plain, "activations_bytes") / 2,
-        "checkpointed {} vs plain {}",
-        u(&ckpt, "activations_bytes"),
-        u(&plain, "activations_bytes")
+    // Each of the 12 checkpointed blocks keeps only its [4, 256, 768] float32 input; what lies
+    // outside the blocks is kept as without checkpointing (see `gpt2_activations`). This is the
+    // measured gpt2-b4-s256-fp32-adamw-ckpt figure, 253,057,028 bytes (measured with flash
+    // attention; once the blocks are checkpointed, the attention implementation no longer
+    // changes what is kept).
+    let (b, s, d) = (4, 256, 768);
+    assert_eq!(
+        u(&plain, "activations_bytes"),
+        gpt2_activations(b, s, false)
     );
+    assert_eq!(
+        u(&ckpt, "activations_bytes"),
+        gpt2_outside_blocks(b, s) + 12 * 4 * b * s * d
+    );
+    assert_eq!(u(&ckpt, "activations_bytes"), 253_057_028);
     assert_eq!(u(&ckpt, "parameters_bytes"), u(&plain, "parameters_bytes"));
     assert_eq!(ckpt["settings"]["checkpoint"], true);
 }
@@ -266,14 +336,31 @@ fn seq_flag_overrides_the_file() {
     assert_eq!(v["input_shape"], serde_json::json!([4, 128]));
     let base = report(&["examples/gpt2.toml"]);
     assert_eq!(base["input_shape"], serde_json::json!([4, 256]));
-    assert!(u(&v, "activations_bytes") < u(&base, "activations_bytes"));
+    assert_eq!(u(&v, "activations_bytes"), gpt2_activations(4, 128, false));
+    assert_eq!(
+        u(&base, "activations_bytes"),
+        gpt2_activations(4, 256, false)
+    );
 }
 
 #[test]
 fn attention_flag_changes_what_is_kept() {
     let eager = report(&["examples/gpt2.toml", "--attention", "eager"]);
     let flash = report(&["examples/gpt2.toml", "--attention", "flash"]);
-    assert!(u(&flash, "activations_bytes") < u(&eager, "activations_bytes"));
+    assert_eq!(
+        u(&eager, "activations_bytes"),
+        gpt2_activations(4, 256, false)
+    );
+    assert_eq!(
+        u(&flash, "activations_bytes"),
+        gpt2_activations(4, 256, true)
+    );
+    // Per block, eager keeps 3 [4, 12, 256, 256] and 5 [4, 256, 768] float32 tensors where flash
+    // keeps 4 [4, 256, 768], one [4, 256, 2304] and one [4, 12, 256]: 376,897,536 bytes more.
+    assert_eq!(
+        u(&eager, "activations_bytes") - u(&flash, "activations_bytes"),
+        376_897_536
+    );
 }
 
 #[test]
