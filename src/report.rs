@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use typed_index_collections::{TiVec, ti_vec};
 
 use crate::dtype::DType;
 use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::sim::{Category, Phase, Simulation};
-use crate::trace::{StorageKind, Tape};
+use crate::trace::{LayerId, StorageId, StorageKind, Tape};
 
 /// A complete estimate. Every `*_bytes` field is a byte count. The top-level keys from
 /// `param_count` to `layers` are a stable contract for scripts.
@@ -377,8 +378,9 @@ impl Report {
 
 fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
     // What each layer keeps, from the storages it is the first to save (first copy's labels).
-    let mut kept: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); tape.layers.len()];
-    let mut seen = vec![false; tape.storages.len()];
+    let mut kept: TiVec<LayerId, BTreeMap<String, u64>> =
+        ti_vec![BTreeMap::new(); tape.layers.len()];
+    let mut seen: TiVec<StorageId, bool> = ti_vec![false; tape.storages.len()];
     if sim.saved_bytes > 0 {
         for step in tape.steps.iter().filter(|s| s.segment.is_none()) {
             for &s in &step.saves {
@@ -412,8 +414,7 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
         }
     }
     tape.layers
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .skip(1) // the input pseudo-layer
         .map(|(i, l)| LayerReport {
             name: l.name.clone(),

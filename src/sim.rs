@@ -28,7 +28,9 @@ use serde::Serialize;
 
 use crate::Error;
 use crate::settings::Settings;
-use crate::trace::{Param, StorageKind, Tape};
+use typed_index_collections::{TiSlice, TiVec, ti_vec};
+
+use crate::trace::{LayerId, Param, SegmentId, StorageId, StorageKind, Tape, ValueId};
 
 /// Categories of live memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -142,7 +144,7 @@ pub struct Simulation {
     /// Phase of the peak.
     pub peak_phase: Phase,
     /// Layer (index into [`Tape::layers`]) running at the peak, if any.
-    pub peak_layer: Option<usize>,
+    pub peak_layer: Option<LayerId>,
     /// Bytes per category at the peak (indexed like [`Category::ALL`]).
     pub at_peak: [u64; Category::COUNT],
     /// Each category's own maximum over the step.
@@ -150,7 +152,7 @@ pub struct Simulation {
     /// Bytes saved for backward, each storage once, parameters and the input batch excluded.
     pub saved_bytes: u64,
     /// Saved bytes attributed to the first layer that saves each storage.
-    pub saved_by_layer: Vec<u64>,
+    pub saved_by_layer: TiVec<LayerId, u64>,
     /// Largest total of live activations (saved or not, KV cache included) at any moment.
     pub peak_live_activations: u64,
     /// Parameter gradient bytes.
@@ -166,22 +168,22 @@ pub struct Simulation {
 
 struct State<'a> {
     tape: &'a Tape,
-    live: Vec<bool>,
+    live: TiVec<StorageId, bool>,
     cur: [u64; Category::COUNT],
     peak: u64,
     peak_phase: Phase,
-    peak_layer: Option<usize>,
+    peak_layer: Option<LayerId>,
     at_peak: [u64; Category::COUNT],
     max: [u64; Category::COUNT],
     live_act_max: u64,
     /// Category an Activation storage counts in while live.
-    act_cat: Vec<Category>,
+    act_cat: TiVec<StorageId, Category>,
     /// A running total overflowed 64 bits.
     overflow: bool,
 }
 
 impl State<'_> {
-    fn category(&self, s: usize) -> Category {
+    fn category(&self, s: StorageId) -> Category {
         match self.tape.storages[s].kind {
             StorageKind::Parameter => Category::Parameters,
             StorageKind::Buffer => Category::Buffers,
@@ -191,7 +193,7 @@ impl State<'_> {
         }
     }
 
-    fn alloc(&mut self, s: usize) {
+    fn alloc(&mut self, s: StorageId) {
         if !self.live[s] {
             self.live[s] = true;
             let c = self.category(s).index();
@@ -210,7 +212,7 @@ impl State<'_> {
         }
     }
 
-    fn free(&mut self, s: usize) {
+    fn free(&mut self, s: StorageId) {
         if self.live[s] {
             self.live[s] = false;
             let c = self.category(s).index();
@@ -218,7 +220,7 @@ impl State<'_> {
         }
     }
 
-    fn check(&mut self, phase: Phase, layer: Option<usize>) {
+    fn check(&mut self, phase: Phase, layer: Option<LayerId>) {
         let total = self
             .cur
             .iter()
@@ -254,10 +256,10 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
     let n_storages = tape.storages.len();
     let training = settings.training();
     // Liveness facts per storage.
-    let mut last_use = vec![0usize; n_storages];
-    let mut saved_fwd = vec![false; n_storages];
-    let mut bwd_free_at = vec![usize::MAX; n_storages];
-    let mut held = vec![false; n_storages];
+    let mut last_use: TiVec<StorageId, usize> = ti_vec![0; n_storages];
+    let mut saved_fwd: TiVec<StorageId, bool> = ti_vec![false; n_storages];
+    let mut bwd_free_at: TiVec<StorageId, usize> = ti_vec![usize::MAX; n_storages];
+    let mut held: TiVec<StorageId, bool> = ti_vec![false; n_storages];
     for &s in &tape.held {
         held[s] = true;
     }
@@ -281,12 +283,12 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
     // A checkpointed block keeps the tensors it reads from outside (its input, and e.g. the
     // encoder output or a position bias) until its backward: reentrant checkpointing saves the
     // block's tensor arguments.
-    let seg_inputs: Vec<Vec<usize>> = tape
+    let seg_inputs: TiVec<SegmentId, Vec<StorageId>> = tape
         .segments
         .iter()
         .map(|seg| {
             let steps = &tape.steps[seg.start..seg.end];
-            let inside: std::collections::HashSet<usize> = steps
+            let inside: std::collections::HashSet<StorageId> = steps
                 .iter()
                 .flat_map(|st| st.allocs.iter().copied())
                 .collect();
@@ -311,7 +313,8 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
             bwd_free_at[s] = bwd_free_at[s].min(seg.start);
         }
     }
-    let act_cat: Vec<Category> = (0..n_storages)
+    let act_cat: TiVec<StorageId, Category> = saved_fwd
+        .keys()
         .map(|s| {
             if saved_fwd[s] || held[s] {
                 Category::Activations
@@ -322,8 +325,8 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         .collect();
 
     // Saved bytes, each storage once, attributed to the first layer that saves it.
-    let mut saved_by_layer = vec![0u64; tape.layers.len()];
-    let mut counted = vec![false; n_storages];
+    let mut saved_by_layer: TiVec<LayerId, u64> = ti_vec![0; tape.layers.len()];
+    let mut counted: TiVec<StorageId, bool> = ti_vec![false; n_storages];
     let mut saved_bytes = 0u64;
     for step in &tape.steps {
         let keep = step
@@ -360,7 +363,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
 
     let mut st = State {
         tape,
-        live: vec![false; n_storages],
+        live: ti_vec![false; n_storages],
         cur: [0; Category::COUNT],
         peak: 0,
         peak_phase: Phase::Forward,
@@ -372,7 +375,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         act_cat,
     };
     // Parameters, buffers, the input batch and its labels exist before the step starts.
-    for (s, storage) in tape.storages.iter().enumerate() {
+    for (s, storage) in tape.storages.iter_enumerated() {
         if matches!(
             storage.kind,
             StorageKind::Parameter | StorageKind::Buffer | StorageKind::Input
@@ -412,18 +415,16 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
     let grad_override = settings.grad_dtype_override();
     if training {
         // Backward.
-        let mut grads: HashMap<usize, u64> = HashMap::new();
-        let mut param_done = vec![false; tape.values.len()];
-        let seg_by_end: HashMap<usize, usize> = tape
+        let mut grads: HashMap<ValueId, u64> = HashMap::new();
+        let mut param_done: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
+        let seg_by_end: HashMap<usize, SegmentId> = tape
             .segments
-            .iter()
-            .enumerate()
+            .iter_enumerated()
             .map(|(i, s)| (s.end, i))
             .collect();
-        let seg_by_start: HashMap<usize, usize> = tape
+        let seg_by_start: HashMap<usize, SegmentId> = tape
             .segments
-            .iter()
-            .enumerate()
+            .iter_enumerated()
             .map(|(i, s)| (s.start, i))
             .collect();
         for i in (0..tape.steps.len()).rev() {
@@ -432,7 +433,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
                 // backward; everything else (the recomputed block output included) is dropped
                 // after its last use inside the block.
                 let seg = &tape.segments[g];
-                let kept: std::collections::HashSet<usize> = tape.steps[seg.start..seg.end]
+                let kept: std::collections::HashSet<StorageId> = tape.steps[seg.start..seg.end]
                     .iter()
                     .flat_map(|s| s.saves.iter().copied())
                     .collect();
@@ -571,7 +572,7 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         saved_by_layer: if training {
             saved_by_layer
         } else {
-            vec![0; tape.layers.len()]
+            ti_vec![0; tape.layers.len()]
         },
         peak_live_activations: st.live_act_max,
         gradient_bytes,
@@ -592,7 +593,7 @@ struct OptimizerPlan {
     temp_bytes: u64,
     /// Per parameter with a master copy and 16-bit gradients: its value, the 16-bit gradient's
     /// bytes and the float32 copy's bytes.
-    grad_copies: Vec<(usize, u64, u64)>,
+    grad_copies: Vec<(ValueId, u64, u64)>,
 }
 
 impl OptimizerPlan {
@@ -634,7 +635,7 @@ impl OptimizerPlan {
 
     /// Bytes of the float32 gradient copies, and of the 16-bit gradients they replace, for
     /// the parameters that received a gradient.
-    fn master_grad_copies(&self, has_grad: &[bool]) -> (u64, u64) {
+    fn master_grad_copies(&self, has_grad: &TiSlice<ValueId, bool>) -> (u64, u64) {
         self.grad_copies
             .iter()
             .filter(|(v, _, _)| has_grad.get(*v).copied().unwrap_or(false))

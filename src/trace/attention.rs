@@ -80,12 +80,18 @@ impl Tracer<'_> {
             // nn.MultiheadAttention(batch_first=True): the input is transposed to [S, B, E]
             // (so the packed in-projection copies it), and the projection is repacked into a
             // contiguous [3, S, B, E] tensor whose slices are Q, K and V.
-            let xt = self.view_op(x, xv.shape.clone(), Layout::Strided, "transpose", true);
+            let xt = self.view_op(
+                x,
+                xv.shape.clone(),
+                Layout::Strided,
+                AtenOp::Transpose,
+                true,
+            );
             let proj = self.projection(xt, h, 3 * h, c.bias, train, "qkv")?;
             let pv = self.val(proj).clone();
             let packed = self.fresh(pv.shape.clone(), pv.dtype, "packed qkv", pv.requires_grad)?;
             self.push(Step {
-                op: "clone",
+                op: AtenOp::Clone,
                 inputs: vec![proj],
                 outputs: vec![packed],
                 ..self.blank()
@@ -94,7 +100,7 @@ impl Tracer<'_> {
             let k = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
             let v = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
             self.push(Step {
-                op: "unbind",
+                op: AtenOp::Unbind,
                 inputs: vec![packed],
                 outputs: vec![q, k, v],
                 ..self.blank()
@@ -119,7 +125,7 @@ impl Tracer<'_> {
             );
             // split's backward concatenates the three gradients into one of the full width.
             self.push(Step {
-                op: "split",
+                op: AtenOp::Split,
                 inputs: vec![qkv],
                 outputs: vec![q, k, v],
                 ..self.blank()
@@ -140,13 +146,13 @@ impl Tracer<'_> {
                         p,
                         Shape::from([b, len, n, hd]),
                         Layout::Contiguous,
-                        "view",
+                        AtenOp::View,
                         true,
                     );
                     let w = self.param(Shape::from([hd]), train)?;
-                    (self.rms_norm(split, w, RmsStyle::Llama)?, "transpose")
+                    (self.rms_norm(split, w, RmsStyle::Llama)?, AtenOp::Transpose)
                 } else {
-                    (p, "view")
+                    (p, AtenOp::View)
                 };
                 let hv = self.view_op(
                     split_src,
@@ -211,7 +217,7 @@ impl Tracer<'_> {
                         false,
                     );
                     self.push(Step {
-                        op: "cat",
+                        op: AtenOp::Cat,
                         inputs: vec![t],
                         outputs: vec![cv],
                         ..self.blank()
@@ -220,7 +226,7 @@ impl Tracer<'_> {
                 } else {
                     // A windowed or re-typed cache is written; attention reads this pass's K/V.
                     self.push(Step {
-                        op: "cache_update",
+                        op: AtenOp::CacheUpdate,
                         inputs: vec![t],
                         allocs: vec![cache],
                         ..self.blank()
@@ -257,11 +263,11 @@ impl Tracer<'_> {
         };
         let merged_shape = Shape::from([b, s, qd]);
         let merged = if free {
-            self.view_op(ctx, merged_shape, Layout::Contiguous, "view", true)
+            self.view_op(ctx, merged_shape, Layout::Contiguous, AtenOp::View, true)
         } else {
             let m = self.fresh(merged_shape, cv.dtype, "merged heads", cv.requires_grad)?;
             self.push(Step {
-                op: "clone",
+                op: AtenOp::Clone,
                 inputs: vec![ctx],
                 outputs: vec![m],
                 ..self.blank()
@@ -271,7 +277,13 @@ impl Tracer<'_> {
         let y = self.projection(merged, qd, h, c.out_bias, train, "o")?;
         if torch_mha {
             // The [S, B, E] result is transposed back to batch-first: a strided view.
-            let yt = self.view_op(y, xv.shape.clone(), Layout::Strided, "transpose", true);
+            let yt = self.view_op(
+                y,
+                xv.shape.clone(),
+                Layout::Strided,
+                AtenOp::Transpose,
+                true,
+            );
             return Ok(yt);
         }
         Ok(y)
@@ -309,7 +321,7 @@ impl Tracer<'_> {
             false,
         );
         self.push(Step {
-            op: "rotary",
+            op: AtenOp::ApplyRotary,
             inputs: vec![t],
             outputs: vec![y],
             allocs,
@@ -369,7 +381,7 @@ impl Tracer<'_> {
             inputs.push(bias);
         }
         self.push(Step {
-            op: "scaled_dot_product_flash_attention",
+            op: AtenOp::FlashAttention,
             inputs,
             outputs: vec![out],
             allocs: vec![lse],
@@ -406,10 +418,10 @@ impl Tracer<'_> {
         let qm = self.contiguous(q)?;
         let km = self.contiguous(k)?;
         let scores = self.bmm(qm, km, Shape::from([b, heads, s, s_kv]), qv.dtype, "scores")?;
-        let scaled = self.unary(scores, "mul", Keep::Nothing, false)?;
+        let scaled = self.unary(scores, AtenOp::MulScalar, Keep::Nothing, false)?;
         let masked = match bias {
             Some(bias) => self.add(&[scaled, bias], false)?,
-            None if c.causal => self.unary(scaled, "add", Keep::Nothing, false)?,
+            None if c.causal => self.unary(scaled, AtenOp::AddScalar, Keep::Nothing, false)?,
             None => scaled,
         };
         // Llama-family code runs the softmax in float32 and casts the result back; CUDA
@@ -417,14 +429,14 @@ impl Tracer<'_> {
         let probs = if c.softmax_f32 || self.autocast_f32_norms() {
             let back = self.val(masked).dtype;
             let up = self.upcast_f32(masked)?;
-            let p = self.unary(up, "_softmax", Keep::Output, false)?;
+            let p = self.unary(up, AtenOp::Softmax, Keep::Output, false)?;
             if c.softmax_f32 {
                 self.cast(p, back)?
             } else {
                 p
             }
         } else {
-            self.unary(masked, "_softmax", Keep::Output, false)?
+            self.unary(masked, AtenOp::Softmax, Keep::Output, false)?
         };
         let probs = self.dropout(probs, c.dropout, false)?;
         // Under autocast the second matmul reads (and keeps) a 16-bit copy of float32 weights
@@ -453,7 +465,7 @@ impl Tracer<'_> {
         let y = self.fresh(out_shape, dtype, what, rg)?;
         let saves = vec![self.sid(a), self.sid(b)];
         self.push(Step {
-            op: "bmm",
+            op: AtenOp::Bmm,
             inputs: vec![a, b],
             outputs: vec![y],
             saves,
@@ -475,7 +487,7 @@ impl Tracer<'_> {
             tv.requires_grad,
         )?;
         self.push(Step {
-            op: "repeat_kv",
+            op: AtenOp::RepeatKv,
             inputs: vec![t],
             outputs: vec![y],
             ..self.blank()

@@ -25,7 +25,11 @@ impl Tracer<'_> {
             None => None,
         };
         let out_shape = self.val(xc).shape.with_last(out_features);
-        let op = if b.is_some() { "addmm" } else { "mm" };
+        let op = if b.is_some() {
+            AtenOp::Addmm
+        } else {
+            AtenOp::Mm
+        };
         self.weight_matmul(op, xc, w, wc, bc, out_shape, Vec::new())
     }
 
@@ -37,7 +41,7 @@ impl Tracer<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn weight_matmul(
         &mut self,
-        op: &'static str,
+        op: AtenOp,
         x: ValueId,
         w: ValueId,
         wc: ValueId,
@@ -81,7 +85,7 @@ impl Tracer<'_> {
     /// `reshape`: a view of a contiguous input, else a copy.
     pub(super) fn reshape(&mut self, x: ValueId, shape: Shape) -> Result<ValueId, Error> {
         let xc = self.contiguous(x)?;
-        let y = self.view_op(xc, shape, Layout::Contiguous, "view", true);
+        let y = self.view_op(xc, shape, Layout::Contiguous, AtenOp::View, true);
         Ok(y)
     }
 
@@ -103,7 +107,7 @@ impl Tracer<'_> {
             self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?
         };
         self.push(Step {
-            op: "dropout",
+            op: AtenOp::Dropout,
             inputs: vec![x],
             outputs: vec![y],
             allocs: vec![mask],
@@ -116,7 +120,7 @@ impl Tracer<'_> {
     pub(super) fn unary(
         &mut self,
         x: ValueId,
-        op: &'static str,
+        op: AtenOp,
         keep: Keep,
         inplace: bool,
     ) -> Result<ValueId, Error> {
@@ -154,12 +158,25 @@ impl Tracer<'_> {
             // derivatives.yaml: relu/threshold keeps its result; hardtanh keeps its input
             // (its result when in place); gelu and silu keep their input; tanh and sigmoid
             // keep their result.
-            Activation::Relu { inplace } => self.unary(x, "relu", Keep::Output, inplace),
+            Activation::Relu { inplace } => self.unary(
+                x,
+                if inplace {
+                    AtenOp::ReluInplace
+                } else {
+                    AtenOp::Relu
+                },
+                Keep::Output,
+                inplace,
+            ),
             // An in-place op whose backward needs its input keeps a clone of it (autograd's
             // codegen saves `self.clone()` for `hardtanh_`).
             Activation::Relu6 { inplace } => self.unary(
                 x,
-                "hardtanh",
+                if inplace {
+                    AtenOp::HardtanhInplace
+                } else {
+                    AtenOp::Hardtanh
+                },
                 if inplace {
                     Keep::InputClone
                 } else {
@@ -169,7 +186,11 @@ impl Tracer<'_> {
             ),
             Activation::Hardswish { inplace } => self.unary(
                 x,
-                "hardswish",
+                if inplace {
+                    AtenOp::HardswishInplace
+                } else {
+                    AtenOp::Hardswish
+                },
                 if inplace {
                     Keep::InputClone
                 } else {
@@ -179,7 +200,11 @@ impl Tracer<'_> {
             ),
             Activation::Hardsigmoid { inplace } => self.unary(
                 x,
-                "hardsigmoid",
+                if inplace {
+                    AtenOp::HardsigmoidInplace
+                } else {
+                    AtenOp::Hardsigmoid
+                },
                 if inplace {
                     Keep::InputClone
                 } else {
@@ -190,14 +215,22 @@ impl Tracer<'_> {
             // derivatives.yaml: leaky_relu keeps `self`; `leaky_relu_` keeps its result.
             Activation::LeakyRelu { inplace } => self.unary(
                 x,
-                "leaky_relu",
+                if inplace {
+                    AtenOp::LeakyReluInplace
+                } else {
+                    AtenOp::LeakyRelu
+                },
                 if inplace { Keep::Output } else { Keep::Input },
                 inplace,
             ),
-            Activation::Gelu => self.unary(x, "gelu", Keep::Input, false),
+            Activation::Gelu => self.unary(x, AtenOp::Gelu, Keep::Input, false),
             Activation::Silu { inplace } => self.unary(
                 x,
-                "silu",
+                if inplace {
+                    AtenOp::SiluInplace
+                } else {
+                    AtenOp::Silu
+                },
                 if inplace {
                     Keep::InputClone
                 } else {
@@ -205,17 +238,17 @@ impl Tracer<'_> {
                 },
                 inplace,
             ),
-            Activation::Tanh => self.unary(x, "tanh", Keep::Output, false),
-            Activation::Sigmoid => self.unary(x, "sigmoid", Keep::Output, false),
+            Activation::Tanh => self.unary(x, AtenOp::Tanh, Keep::Output, false),
+            Activation::Sigmoid => self.unary(x, AtenOp::Sigmoid, Keep::Output, false),
             Activation::GeluNew => {
                 // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), op by op.
-                let cube = self.unary(x, "pow", Keep::Input, false)?;
-                let scaled = self.unary(cube, "mul", Keep::Nothing, false)?;
+                let cube = self.unary(x, AtenOp::Pow, Keep::Input, false)?;
+                let scaled = self.unary(cube, AtenOp::MulScalar, Keep::Nothing, false)?;
                 let inner = self.add(&[x, scaled], false)?;
-                let arg = self.unary(inner, "mul", Keep::Nothing, false)?;
-                let t = self.unary(arg, "tanh", Keep::Output, false)?;
-                let one_plus = self.unary(t, "add", Keep::Nothing, false)?;
-                let half = self.unary(x, "mul", Keep::Nothing, false)?;
+                let arg = self.unary(inner, AtenOp::MulScalar, Keep::Nothing, false)?;
+                let t = self.unary(arg, AtenOp::Tanh, Keep::Output, false)?;
+                let one_plus = self.unary(t, AtenOp::AddScalar, Keep::Nothing, false)?;
+                let half = self.unary(x, AtenOp::MulScalar, Keep::Nothing, false)?;
                 self.mul(half, one_plus)
             }
         }
@@ -241,7 +274,7 @@ impl Tracer<'_> {
             saves.push(av.storage);
         }
         self.push(Step {
-            op: "mul",
+            op: AtenOp::Mul,
             inputs: vec![a, b],
             outputs: vec![y],
             saves,
@@ -281,7 +314,11 @@ impl Tracer<'_> {
             self.fresh(shape, dtype, "output", rg)?
         };
         self.push(Step {
-            op: "add",
+            op: if inplace {
+                AtenOp::AddInplace
+            } else {
+                AtenOp::Add
+            },
             inputs: inputs.to_vec(),
             outputs: vec![y],
             ..self.blank()
@@ -317,7 +354,7 @@ impl Tracer<'_> {
         }
         let y = self.fresh(Shape::new(dims), first.dtype, "output", rg)?;
         self.push(Step {
-            op: "cat",
+            op: AtenOp::Cat,
             inputs: inputs.to_vec(),
             outputs: vec![y],
             ..self.blank()
@@ -343,7 +380,7 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         let h = self.upcast_f32(x)?;
         let hv = self.val(h).clone();
-        let sq = self.unary(h, "pow", Keep::Input, false)?;
+        let sq = self.unary(h, AtenOp::Pow, Keep::Input, false)?;
         let var = self.fresh(
             xv.shape.with_last(1),
             hv.dtype,
@@ -351,13 +388,13 @@ impl Tracer<'_> {
             hv.requires_grad,
         )?;
         self.push(Step {
-            op: "mean",
+            op: AtenOp::Mean,
             inputs: vec![sq],
             outputs: vec![var],
             ..self.blank()
         });
-        let var_eps = self.unary(var, "add", Keep::Nothing, false)?;
-        let r = self.unary(var_eps, "rsqrt", Keep::Output, false)?;
+        let var_eps = self.unary(var, AtenOp::AddScalar, Keep::Nothing, false)?;
+        let r = self.unary(var_eps, AtenOp::Rsqrt, Keep::Output, false)?;
         match style {
             RmsStyle::Llama => {
                 let normed = self.mul(h, r)?;
@@ -382,7 +419,7 @@ impl Tracer<'_> {
             RmsStyle::Gemma => {
                 let normed = self.mul(h, r)?;
                 let wf = self.upcast_f32(w)?;
-                let one_plus = self.unary(wf, "add", Keep::Nothing, false)?;
+                let one_plus = self.unary(wf, AtenOp::AddScalar, Keep::Nothing, false)?;
                 let out = self.mul(normed, one_plus)?;
                 self.cast(out, xv.dtype)
             }
@@ -443,7 +480,7 @@ impl Tracer<'_> {
         )?;
         let saves = vec![self.sid(lp)];
         self.push(Step {
-            op: "_log_softmax",
+            op: AtenOp::LogSoftmax,
             inputs: vec![xin],
             outputs: vec![lp],
             saves,
@@ -458,7 +495,7 @@ impl Tracer<'_> {
             "total_weight",
         )?;
         let mut step = Step {
-            op: "nll_loss",
+            op: AtenOp::NllLoss,
             inputs: vec![lp],
             outputs: vec![loss],
             allocs: vec![total_weight],

@@ -10,11 +10,13 @@
 //! Repeated blocks are traced once per copy, each copy with fresh storages and its own
 //! parameters; the graph itself is never expanded.
 
+pub mod aten;
 mod attention;
 mod elementwise;
 mod moe;
 mod ops;
 mod params;
+pub mod tape;
 
 use std::collections::HashMap;
 
@@ -22,7 +24,11 @@ use attention::AttnCfg;
 use elementwise::Keep;
 use moe::MoeCfg;
 
-use serde::Serialize;
+pub use aten::AtenOp;
+pub use tape::{
+    LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage, StorageId, StorageKind,
+    Tape, Value, ValueId,
+};
 
 use crate::dtype::DType;
 use crate::error::{Error, LayerError};
@@ -33,180 +39,9 @@ use crate::settings::{AttentionImpl, Device, Quant, Settings};
 use crate::shape::Shape;
 use crate::spec::{DimSpec, Pair};
 
-/// Index of a storage in [`Tape::storages`].
-pub type StorageId = usize;
-/// Index of a value in [`Tape::values`].
-pub type ValueId = usize;
-
 /// Upper bound on traced operators (after repeating blocks), so that an absurd `count` is an
 /// error rather than a hang.
 pub const MAX_STEPS: usize = 2_000_000;
-
-/// What a storage holds, for the breakdown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StorageKind {
-    /// A parameter.
-    Parameter,
-    /// A buffer (BatchNorm running statistics, position-id and rotary tables).
-    Buffer,
-    /// The input batch and its labels.
-    Input,
-    /// Anything the forward pass computes.
-    Activation,
-    /// Keys and values cached by causal attention in inference (transformers' `use_cache`).
-    KvCache,
-}
-
-/// One allocation.
-#[derive(Clone, Debug)]
-pub struct Storage {
-    /// Size in bytes: numel × element size.
-    pub bytes: u64,
-    /// Category.
-    pub kind: StorageKind,
-    /// What it is, e.g. `output`, `dropout noise`, `mean`.
-    pub what: &'static str,
-    /// Element type.
-    pub dtype: DType,
-    /// Shape at allocation.
-    pub shape: Shape,
-    /// Layer that allocated it (index into [`Tape::layers`]).
-    pub layer: usize,
-}
-
-/// Memory layout of a value, which decides whether `reshape`/`matmul` must copy it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Row-major contiguous.
-    Contiguous,
-    /// Contiguous after swapping the last two dimensions (`k.transpose(-1, -2)`).
-    LastTwoSwapped,
-    /// `[B, heads, S, head_dim]` laid out as `[B, S, heads, head_dim]` (heads split out of a
-    /// `[B, S, H]` projection by `view` + `transpose(1, 2)`): dense, but not contiguous.
-    HeadsTransposed,
-    /// `[B, heads, S, head_dim]` laid out as `[S, B, heads, head_dim]` (nn.MultiheadAttention's
-    /// sequence-first packing): dense, but not contiguous.
-    SeqFirst,
-    /// `[B, heads, S, head_dim]` heads split out of a fused QKV projection `[B, S, 3H]`: the
-    /// dimension order of [`Layout::HeadsTransposed`], with gaps between rows.
-    HeadsStrided,
-    /// Any other strided view.
-    Strided,
-}
-
-/// A tensor as an operator sees it: a view of a storage.
-#[derive(Clone, Debug)]
-pub struct Value {
-    /// Backing storage.
-    pub storage: StorageId,
-    /// Shape of the view.
-    pub shape: Shape,
-    /// Element type.
-    pub dtype: DType,
-    /// Layout.
-    pub layout: Layout,
-    /// Whether autograd tracks it.
-    pub requires_grad: bool,
-    /// Set when the value is a parameter (its gradient goes to `.grad`).
-    pub param: bool,
-}
-
-/// One operator in forward order.
-#[derive(Clone, Debug)]
-pub struct Step {
-    /// Layer it belongs to (index into [`Tape::layers`]).
-    pub layer: usize,
-    /// ATen-level name, e.g. `addmm`, `native_layer_norm`.
-    pub op: &'static str,
-    /// Values read.
-    pub inputs: Vec<ValueId>,
-    /// Values produced.
-    pub outputs: Vec<ValueId>,
-    /// Storages allocated by this operator.
-    pub allocs: Vec<StorageId>,
-    /// Storages autograd saves for its backward.
-    pub saves: Vec<StorageId>,
-    /// Inputs that receive a gradient in backward.
-    pub grads: Vec<ValueId>,
-    /// The backward hands a view of the output's gradient to the input (views, reshapes).
-    pub view_grad: bool,
-    /// Checkpointed segment the step belongs to.
-    pub segment: Option<usize>,
-}
-
-/// Per-layer facts for reports.
-#[derive(Clone, Debug, Serialize)]
-pub struct LayerInfo {
-    /// Dotted path, e.g. `blocks.attn`.
-    pub path: String,
-    /// Layer name.
-    pub name: String,
-    /// Kind.
-    pub kind: String,
-    /// Copies (product of enclosing repeat counts).
-    pub repeat: u64,
-    /// Output shape (of one copy).
-    pub output_shape: Shape,
-    /// Parameters of one copy.
-    pub params: u64,
-    /// Parameter bytes of one copy.
-    pub parameter_bytes: u64,
-    /// Buffer bytes of one copy.
-    pub buffer_bytes: u64,
-}
-
-/// A parameter tensor.
-#[derive(Clone, Debug)]
-pub struct Param {
-    /// Shape, e.g. `[out_features, in_features]`.
-    pub shape: Shape,
-    /// Elements (the parameter count).
-    pub numel: u64,
-    /// Bytes as stored: numel × element size, or for a quantized weight its packed values plus
-    /// scales and zero points (its value's `dtype` is then the compute dtype).
-    pub bytes: u64,
-    /// Trains (has a gradient and optimizer state).
-    pub trainable: bool,
-    /// Its value.
-    pub value: ValueId,
-    /// Storage dtype name: a dtype, or a quantization format (`nf4`, `int8`, `int4`, `fp8`).
-    pub dtype_name: &'static str,
-}
-
-/// A checkpointed range of steps (one copy of a repeated block under `--checkpoint`).
-#[derive(Clone, Debug)]
-pub struct Segment {
-    /// First step index.
-    pub start: usize,
-    /// One past the last step index.
-    pub end: usize,
-    /// The block input the checkpoint saves.
-    pub input: StorageId,
-}
-
-/// The traced forward pass.
-#[derive(Clone, Debug, Default)]
-pub struct Tape {
-    /// Every storage.
-    pub storages: Vec<Storage>,
-    /// Every value.
-    pub values: Vec<Value>,
-    /// Parameter tensors (tied weights once).
-    pub params: Vec<Param>,
-    /// Operators in forward order.
-    pub steps: Vec<Step>,
-    /// Layers, in the order first traced.
-    pub layers: Vec<LayerInfo>,
-    /// Storages the caller keeps until the step ends: the model output and the loss.
-    pub held: Vec<StorageId>,
-    /// Checkpointed segments.
-    pub segments: Vec<Segment>,
-    /// Shape of the input batch.
-    pub input_shape: Shape,
-    /// Whether the model ends in a loss layer.
-    pub has_loss: bool,
-}
 
 /// Traces `model` under `settings`.
 ///
@@ -222,7 +57,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         cast_cache: HashMap::new(),
         embeddings: HashMap::new(),
         rope: None,
-        cur_layer: 0,
+        cur_layer: LayerId::default(),
         segment: None,
         label: String::new(),
         quantized: std::collections::HashSet::new(),
@@ -244,7 +79,8 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         _ => settings.amp.map_or(settings.dtype, |_| DType::Float32),
     };
     t.tape.input_shape = shape.clone();
-    t.layer_index.insert(String::from("<input>"), 0);
+    t.layer_index
+        .insert(String::from("<input>"), LayerId::default());
     t.tape.layers.push(LayerInfo {
         path: INPUT.into(),
         name: INPUT.into(),
@@ -292,7 +128,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
             // `out.sum()`: its backward expands a scalar gradient, allocating nothing.
             let loss = t.fresh(Shape::default(), v.dtype, "loss", true)?;
             t.push(Step {
-                op: "sum",
+                op: AtenOp::Sum,
                 inputs: vec![out],
                 outputs: vec![loss],
                 view_grad: true,
@@ -307,15 +143,15 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
 struct Tracer<'a> {
     s: &'a Settings,
     tape: Tape,
-    layer_index: HashMap<String, usize>,
+    layer_index: HashMap<String, LayerId>,
     /// Autocast's cache of lower-precision weight copies, one per parameter per forward.
     cast_cache: HashMap<ValueId, ValueId>,
     /// Embedding weights by layer name, for `tie`.
     embeddings: HashMap<String, ValueId>,
     /// `cos` and `sin` tables from the last rotary layer.
     rope: Option<(StorageId, StorageId, bool)>,
-    cur_layer: usize,
-    segment: Option<usize>,
+    cur_layer: LayerId,
+    segment: Option<SegmentId>,
     label: String,
     /// Quantized weight values (their matmuls dequantize a transient copy).
     quantized: std::collections::HashSet<ValueId>,
@@ -333,7 +169,7 @@ impl Tracer<'_> {
     fn blank(&self) -> Step {
         Step {
             layer: self.cur_layer,
-            op: "",
+            op: AtenOp::Return,
             inputs: Vec::new(),
             outputs: Vec::new(),
             allocs: Vec::new(),
@@ -381,15 +217,14 @@ impl Tracer<'_> {
             dtype.bytes_for(numel),
             &format!("the bytes of a {dtype} tensor of shape {shape}"),
         )?;
-        self.tape.storages.push(Storage {
+        Ok(self.tape.storages.push_and_get_key(Storage {
             bytes,
             kind,
             what,
             dtype,
             shape: shape.clone(),
             layer: self.cur_layer,
-        });
-        Ok(self.tape.storages.len() - 1)
+        }))
     }
 
     fn value(
@@ -401,15 +236,14 @@ impl Tracer<'_> {
         requires_grad: bool,
         param: bool,
     ) -> ValueId {
-        self.tape.values.push(Value {
+        self.tape.values.push_and_get_key(Value {
             storage,
             shape,
             dtype,
             layout,
             requires_grad,
             param,
-        });
-        self.tape.values.len() - 1
+        })
     }
 
     /// A new contiguous activation.
@@ -445,7 +279,7 @@ impl Tracer<'_> {
         x: ValueId,
         shape: Shape,
         layout: Layout,
-        op: &'static str,
+        op: AtenOp,
         view_grad: bool,
     ) -> ValueId {
         let y = self.view_of(x, shape, layout);
@@ -524,7 +358,7 @@ impl Tracer<'_> {
             val.requires_grad,
         )?;
         self.push(Step {
-            op: "_to_copy",
+            op: AtenOp::ToCopy,
             inputs: vec![v],
             outputs: vec![out],
             ..self.blank()
@@ -548,7 +382,7 @@ impl Tracer<'_> {
             val.requires_grad,
         )?;
         self.push(Step {
-            op: "_to_copy",
+            op: AtenOp::ToCopy,
             inputs: vec![v],
             outputs: vec![out],
             ..self.blank()
@@ -575,7 +409,7 @@ impl Tracer<'_> {
             val.requires_grad,
         )?;
         self.push(Step {
-            op: "clone",
+            op: AtenOp::Clone,
             inputs: vec![v],
             outputs: vec![out],
             ..self.blank()
@@ -639,12 +473,11 @@ impl Tracer<'_> {
                         let checkpoint =
                             self.s.checkpoint && self.training() && self.segment.is_none();
                         if checkpoint {
-                            self.segment = Some(self.tape.segments.len());
-                            self.tape.segments.push(Segment {
+                            self.segment = Some(self.tape.segments.push_and_get_key(Segment {
                                 start: seg_start,
                                 end: seg_start,
                                 input: before.storage,
-                            });
+                            }));
                         }
                         scopes.push(HashMap::from([(INPUT.to_string(), x)]));
                         let y = self.layers(body, x, scopes, &path, copies);
@@ -653,7 +486,7 @@ impl Tracer<'_> {
                         // The block's Python frame holds its input (`identity = x`) until it
                         // returns: keep it alive to the end of the block.
                         let keep = Step {
-                            op: "return",
+                            op: AtenOp::Return,
                             inputs: vec![x],
                             ..self.blank()
                         };
@@ -698,7 +531,7 @@ impl Tracer<'_> {
         self.cur_layer = match self.layer_index.get(&key) {
             Some(&i) => i,
             None => {
-                self.tape.layers.push(LayerInfo {
+                let i = self.tape.layers.push_and_get_key(LayerInfo {
                     path: path.to_string(),
                     name: layer.name.clone(),
                     kind: layer.kind.as_str().to_string(),
@@ -708,7 +541,6 @@ impl Tracer<'_> {
                     parameter_bytes: 0,
                     buffer_bytes: 0,
                 });
-                let i = self.tape.layers.len() - 1;
                 self.layer_index.insert(key, i);
                 i
             }
@@ -717,7 +549,7 @@ impl Tracer<'_> {
 
     /// Records this layer's parameter and buffer figures for one copy (every copy traces the
     /// same figures).
-    fn note_params(&mut self, first_param: usize, first_storage: usize) {
+    fn note_params(&mut self, first_param: usize, first_storage: StorageId) {
         let params = &self.tape.params[first_param..];
         let numel: u64 = params.iter().map(|p| p.numel).sum();
         let bytes: u64 = params.iter().map(|p| p.bytes).sum();
@@ -734,7 +566,7 @@ impl Tracer<'_> {
 
     fn op(&mut self, op: &Op, layer: &Layer, inputs: &[ValueId]) -> Result<ValueId, Error> {
         let first_param = self.tape.params.len();
-        let first_storage = self.tape.storages.len();
+        let first_storage = self.tape.storages.next_key();
         let out = self.op_inner(op, layer, inputs)?;
         self.note_params(first_param, first_storage);
         Ok(out)

@@ -22,7 +22,7 @@ impl Tracer<'_> {
         // Router.
         let logits = self.projection(x, h, c.experts, false, train, "gate")?;
         let lf = self.upcast_f32(logits)?;
-        let probs = self.unary(lf, "_softmax", Keep::Output, false)?;
+        let probs = self.unary(lf, AtenOp::Softmax, Keep::Output, false)?;
         let rg = self.rg(probs);
         let topv = self.fresh(
             Shape::from([t, c.top_k]),
@@ -37,7 +37,7 @@ impl Tracer<'_> {
             "top-k indices",
         )?;
         self.push(Step {
-            op: "topk",
+            op: AtenOp::Topk,
             inputs: vec![probs],
             outputs: vec![topv],
             allocs: vec![idx],
@@ -59,7 +59,7 @@ impl Tracer<'_> {
             )?;
             let y = self.view_of(topv, Shape::from([t, c.top_k]), Layout::Contiguous);
             self.push(Step {
-                op: "div_",
+                op: AtenOp::DivInplace,
                 inputs: vec![topv],
                 outputs: vec![y],
                 allocs: vec![sum, clone],
@@ -80,7 +80,7 @@ impl Tracer<'_> {
                 self.rg(weights),
             )?;
             self.push(Step {
-                op: "_to_copy",
+                op: AtenOp::ToCopy,
                 inputs: vec![weights],
                 outputs: vec![y],
                 ..self.blank()
@@ -105,7 +105,7 @@ impl Tracer<'_> {
         )?;
         let gathered = self.fresh(Shape::from([tk, h]), a, "gathered tokens", xv.requires_grad)?;
         self.push(Step {
-            op: "index",
+            op: AtenOp::Index,
             inputs: vec![x],
             outputs: vec![gathered],
             allocs: vec![index[0], index[1], index[2], offsets],
@@ -119,7 +119,7 @@ impl Tracer<'_> {
             self.rg(w_act),
         )?;
         self.push(Step {
-            op: "index",
+            op: AtenOp::Index,
             inputs: vec![w_act],
             outputs: vec![ws],
             ..self.blank()
@@ -131,18 +131,18 @@ impl Tracer<'_> {
         let gate = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
         let up = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
         self.push(Step {
-            op: "chunk",
+            op: AtenOp::Chunk,
             inputs: vec![gu],
             outputs: vec![gate, up],
             ..self.blank()
         });
-        let act = self.unary(gate, "silu", Keep::Input, false)?;
+        let act = self.unary(gate, AtenOp::Silu, Keep::Input, false)?;
         let prod = self.mul(act, up)?;
         let down = self.grouped_mm(prod, w_down, Shape::from([tk, h]), offsets)?;
         let weighted = self.mul(down, ws)?;
         let scattered = self.fresh(Shape::from([tk, h]), a, "unsorted rows", self.rg(weighted))?;
         self.push(Step {
-            op: "index",
+            op: AtenOp::Index,
             inputs: vec![weighted],
             outputs: vec![scattered],
             saves: vec![index[2]],
@@ -151,7 +151,7 @@ impl Tracer<'_> {
         let rg = self.rg(scattered);
         let out = self.fresh(xv.shape.clone(), a, "output", rg)?;
         self.push(Step {
-            op: "sum",
+            op: AtenOp::Sum,
             inputs: vec![scattered],
             outputs: vec![out],
             ..self.blank()
@@ -161,14 +161,14 @@ impl Tracer<'_> {
         }
         // Shared expert (Qwen-MoE).
         let g = self.projection(x, h, c.shared, false, train, "shared_expert.gate_proj")?;
-        let g = self.unary(g, "silu", Keep::Input, false)?;
+        let g = self.unary(g, AtenOp::Silu, Keep::Input, false)?;
         let u = self.projection(x, h, c.shared, false, train, "shared_expert.up_proj")?;
         let p = self.mul(g, u)?;
         let mut shared =
             self.projection(p, c.shared, h, false, train, "shared_expert.down_proj")?;
         if c.shared_gate {
             let sg = self.projection(x, h, 1, false, train, "shared_expert_gate")?;
-            let sg = self.unary(sg, "sigmoid", Keep::Output, false)?;
+            let sg = self.unary(sg, AtenOp::Sigmoid, Keep::Output, false)?;
             shared = self.mul(sg, shared)?;
         }
         self.add(&[out, shared], false)
@@ -185,7 +185,15 @@ impl Tracer<'_> {
         out_shape: Shape,
         offsets: StorageId,
     ) -> Result<ValueId, Error> {
-        self.weight_matmul("_grouped_mm", rows, w, w, None, out_shape, vec![offsets])
+        self.weight_matmul(
+            AtenOp::GroupedMm,
+            rows,
+            w,
+            w,
+            None,
+            out_shape,
+            vec![offsets],
+        )
     }
 }
 

@@ -140,7 +140,7 @@ impl Tracer<'_> {
                 }
                 self.push(Step {
                     allocs,
-                    op: "convolution",
+                    op: AtenOp::Convolution,
                     inputs: ins,
                     outputs: vec![y],
                     saves,
@@ -192,7 +192,7 @@ impl Tracer<'_> {
                 let rg = ins.iter().any(|&v| self.rg(v));
                 let y = self.fresh(xv.shape.clone(), xv.dtype, "output", rg)?;
                 let mut step = Step {
-                    op: "native_batch_norm",
+                    op: AtenOp::NativeBatchNorm,
                     inputs: ins,
                     outputs: vec![y],
                     ..self.blank()
@@ -233,7 +233,7 @@ impl Tracer<'_> {
                 }
                 let rows = xv.shape.with_last(1);
                 // derivatives.yaml `native_layer_norm`: input, weight, bias, mean, rstd.
-                self.norm_with_stats("native_layer_norm", xin, ins, &xv.shape, rows)
+                self.norm_with_stats(AtenOp::NativeLayerNorm, xin, ins, &xv.shape, rows)
             }
             Op::RmsNorm { style } => {
                 let h = self.last_dim(&xv, "rmsnorm")?;
@@ -266,7 +266,7 @@ impl Tracer<'_> {
                 }
                 // derivatives.yaml `native_group_norm`: input, weight, mean, rstd.
                 self.norm_with_stats(
-                    "native_group_norm",
+                    AtenOp::NativeGroupNorm,
                     xin,
                     ins,
                     &xv.shape,
@@ -305,7 +305,7 @@ impl Tracer<'_> {
                 let y = self.fresh(Shape::new(dims), dtype, "output", rg)?;
                 // derivatives.yaml `embedding`: saves the indices only.
                 self.push(Step {
-                    op: "embedding",
+                    op: AtenOp::Embedding,
                     inputs: vec![w, x],
                     outputs: vec![y],
                     saves: vec![xv.storage],
@@ -401,7 +401,7 @@ impl Tracer<'_> {
                 let cos = self.storage(&table, dt, StorageKind::Activation, "rope cos")?;
                 let sin = self.storage(&table, dt, StorageKind::Activation, "rope sin")?;
                 self.push(Step {
-                    op: "rotary_embedding",
+                    op: AtenOp::RotaryTables,
                     allocs: vec![cos, sin],
                     ..self.blank()
                 });
@@ -443,7 +443,7 @@ impl Tracer<'_> {
                         let ev = self.view_of(p, Shape::new(expanded), Layout::Strided);
                         self.tape.values[ev].param = false;
                         self.push(Step {
-                            op: "expand",
+                            op: AtenOp::Expand,
                             inputs: vec![p],
                             outputs: vec![ev],
                             view_grad: true,
@@ -470,7 +470,7 @@ impl Tracer<'_> {
                 )?;
                 let saves = vec![self.sid(y)];
                 self.push(Step {
-                    op: "_softmax",
+                    op: AtenOp::Softmax,
                     inputs: vec![xin],
                     outputs: vec![y],
                     saves,
@@ -502,7 +502,7 @@ impl Tracer<'_> {
                 let shape = Shape::from([b, c, oh, ow]);
                 let y = self.fresh(shape.clone(), xv.dtype, "output", xv.requires_grad)?;
                 let mut step = Step {
-                    op: "max_pool2d_with_indices",
+                    op: AtenOp::MaxPool2dWithIndices,
                     inputs: vec![x],
                     outputs: vec![y],
                     ..self.blank()
@@ -532,7 +532,7 @@ impl Tracer<'_> {
                     xv.requires_grad,
                 )?;
                 self.push(Step {
-                    op: "avg_pool2d",
+                    op: AtenOp::AvgPool2d,
                     inputs: vec![x],
                     outputs: vec![y],
                     saves: vec![xv.storage],
@@ -552,14 +552,14 @@ impl Tracer<'_> {
                     // ATen's adaptive_avg_pool2d runs `mean(-1, -2, keepdim)` for a 1×1 output,
                     // whose backward needs only sizes.
                     self.push(Step {
-                        op: "mean",
+                        op: AtenOp::Mean,
                         inputs: vec![x],
                         outputs: vec![y],
                         ..self.blank()
                     });
                 } else {
                     self.push(Step {
-                        op: "_adaptive_avg_pool2d",
+                        op: AtenOp::AdaptiveAvgPool2d,
                         inputs: vec![x],
                         outputs: vec![y],
                         saves: vec![xv.storage],
@@ -631,7 +631,7 @@ impl Tracer<'_> {
                 let shape = Shape::new(dims.iter().map(|&i| d[i]).collect());
                 let identity = dims.iter().enumerate().all(|(i, &j)| i == j);
                 let layout = if identity { xv.layout } else { Layout::Strided };
-                let y = self.view_op(x, shape, layout, "permute", true);
+                let y = self.view_op(x, shape, layout, AtenOp::Permute, true);
                 Ok(y)
             }
             Op::Narrow { dim, start, length } => {
@@ -648,7 +648,7 @@ impl Tracer<'_> {
                 } else {
                     Layout::Strided
                 };
-                let y = self.view_op(x, Shape::new(dims), layout, "narrow", false);
+                let y = self.view_op(x, Shape::new(dims), layout, AtenOp::Narrow, false);
                 Ok(y)
             }
             Op::Transpose { a, b } => {
@@ -676,7 +676,7 @@ impl Tracer<'_> {
                 } else {
                     Layout::Strided
                 };
-                let y = self.view_op(x, Shape::new(dims), layout, "transpose", true);
+                let y = self.view_op(x, Shape::new(dims), layout, AtenOp::Transpose, true);
                 Ok(y)
             }
             Op::Select { dim, index } => {
@@ -701,7 +701,7 @@ impl Tracer<'_> {
                 } else {
                     Layout::Strided
                 };
-                let y = self.view_op(x, Shape::new(dims), layout, "select", false);
+                let y = self.view_op(x, Shape::new(dims), layout, AtenOp::Select, false);
                 Ok(y)
             }
             Op::Attention {
@@ -787,7 +787,7 @@ impl Tracer<'_> {
                     false,
                 );
                 self.push(Step {
-                    op: "_relative_position_bucket",
+                    op: AtenOp::RelativePositionBucket,
                     outputs: vec![ids],
                     ..self.blank()
                 });
@@ -799,7 +799,7 @@ impl Tracer<'_> {
                     rg,
                 )?;
                 self.push(Step {
-                    op: "embedding",
+                    op: AtenOp::Embedding,
                     inputs: vec![w, ids],
                     outputs: vec![bias],
                     saves: vec![buckets],
@@ -842,7 +842,7 @@ impl Tracer<'_> {
                 )?;
                 let y = self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?;
                 self.push(Step {
-                    op: "mul",
+                    op: AtenOp::Mul,
                     inputs: vec![x],
                     outputs: vec![y],
                     allocs: vec![noise],
@@ -860,14 +860,14 @@ impl Tracer<'_> {
                 }
                 let y = self.fresh(xv.shape.clone(), xv.dtype, "shifted ids", false)?;
                 self.push(Step {
-                    op: "_shift_right",
+                    op: AtenOp::ShiftRight,
                     inputs: vec![x],
                     outputs: vec![y],
                     ..self.blank()
                 });
                 Ok(y)
             }
-            Op::Scale { .. } => self.unary(x, "mul", Keep::Nothing, false),
+            Op::Scale { .. } => self.unary(x, AtenOp::MulScalar, Keep::Nothing, false),
         }
     }
 
@@ -931,7 +931,7 @@ impl Tracer<'_> {
             Vec::new()
         };
         self.push(Step {
-            op: "embedding",
+            op: AtenOp::Embedding,
             inputs: vec![w, ids_v],
             outputs: vec![looked_up],
             allocs,
@@ -946,7 +946,7 @@ impl Tracer<'_> {
     /// the input followed by the affine parameters.
     fn norm_with_stats(
         &mut self,
-        op: &'static str,
+        op: AtenOp,
         xin: ValueId,
         ins: Vec<ValueId>,
         shape: &Shape,

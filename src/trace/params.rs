@@ -120,7 +120,7 @@ impl Tracer<'_> {
         let xc = self.cast(x, adt)?;
         let xa = self.linear(xc, a, None, rank)?;
         let xb = self.linear(xa, b, None, out_f)?;
-        let scaled = self.unary(xb, "mul", Keep::Nothing, false)?;
+        let scaled = self.unary(xb, AtenOp::MulScalar, Keep::Nothing, false)?;
         let sum = self.add(&[y, scaled], false)?;
         let ydt = self.val(y).dtype;
         self.cast(sum, ydt)
@@ -134,7 +134,7 @@ impl Tracer<'_> {
         }
         let y = self.fresh(xv.shape.clone(), dtype, "cast", xv.requires_grad)?;
         self.push(Step {
-            op: "_to_copy",
+            op: AtenOp::ToCopy,
             inputs: vec![x],
             outputs: vec![y],
             ..self.blank()

@@ -1,0 +1,220 @@
+//! The tape: what tracing records and the simulator replays.
+//!
+//! Storages are allocations; values are views of them as operators see them (a reshape or a
+//! transpose makes a new value of the same storage). Steps are ATen-level operators in forward
+//! order, each naming the storages it allocates, the storages autograd saves for its backward
+//! and the inputs that receive a gradient. Everything is addressed by typed ids
+//! ([`StorageId`], [`ValueId`], [`LayerId`], [`SegmentId`]) so that one kind of id cannot
+//! index another's table.
+
+use serde::Serialize;
+use typed_index_collections::TiVec;
+
+use crate::dtype::DType;
+use crate::shape::Shape;
+
+use super::aten::AtenOp;
+
+/// Declares a typed index: a `usize` newtype that indexes one [`TiVec`] only.
+macro_rules! id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(usize);
+
+        impl From<usize> for $name {
+            fn from(i: usize) -> Self {
+                $name(i)
+            }
+        }
+
+        impl From<$name> for usize {
+            fn from(id: $name) -> usize {
+                id.0
+            }
+        }
+    };
+}
+
+id! {
+    /// Index of a storage in [`Tape::storages`].
+    StorageId
+}
+id! {
+    /// Index of a value in [`Tape::values`].
+    ValueId
+}
+id! {
+    /// Index of a layer in [`Tape::layers`] (index 0 is the input pseudo-layer).
+    LayerId
+}
+id! {
+    /// Index of a checkpointed segment in [`Tape::segments`].
+    SegmentId
+}
+
+/// What a storage holds, for the breakdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageKind {
+    /// A parameter.
+    Parameter,
+    /// A buffer (BatchNorm running statistics, position-id and rotary tables).
+    Buffer,
+    /// The input batch and its labels.
+    Input,
+    /// Anything the forward pass computes.
+    Activation,
+    /// Keys and values cached by causal attention in inference (transformers' `use_cache`).
+    KvCache,
+}
+
+/// One allocation.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    /// Size in bytes: numel × element size.
+    pub bytes: u64,
+    /// Category.
+    pub kind: StorageKind,
+    /// What it is, e.g. `output`, `dropout noise`, `mean`.
+    pub what: &'static str,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape at allocation.
+    pub shape: Shape,
+    /// Layer that allocated it (index into [`Tape::layers`]).
+    pub layer: LayerId,
+}
+
+/// Memory layout of a value, which decides whether `reshape`/`matmul` must copy it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Row-major contiguous.
+    Contiguous,
+    /// Contiguous after swapping the last two dimensions (`k.transpose(-1, -2)`).
+    LastTwoSwapped,
+    /// `[B, heads, S, head_dim]` laid out as `[B, S, heads, head_dim]` (heads split out of a
+    /// `[B, S, H]` projection by `view` + `transpose(1, 2)`): dense, but not contiguous.
+    HeadsTransposed,
+    /// `[B, heads, S, head_dim]` laid out as `[S, B, heads, head_dim]` (nn.MultiheadAttention's
+    /// sequence-first packing): dense, but not contiguous.
+    SeqFirst,
+    /// `[B, heads, S, head_dim]` heads split out of a fused QKV projection `[B, S, 3H]`: the
+    /// dimension order of [`Layout::HeadsTransposed`], with gaps between rows.
+    HeadsStrided,
+    /// Any other strided view.
+    Strided,
+}
+
+/// A tensor as an operator sees it: a view of a storage.
+#[derive(Clone, Debug)]
+pub struct Value {
+    /// Backing storage.
+    pub storage: StorageId,
+    /// Shape of the view.
+    pub shape: Shape,
+    /// Element type.
+    pub dtype: DType,
+    /// Layout.
+    pub layout: Layout,
+    /// Whether autograd tracks it.
+    pub requires_grad: bool,
+    /// Set when the value is a parameter (its gradient goes to `.grad`).
+    pub param: bool,
+}
+
+/// One operator in forward order.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Layer it belongs to (index into [`Tape::layers`]).
+    pub layer: LayerId,
+    /// The ATen-level operator, e.g. [`AtenOp::Addmm`], [`AtenOp::NativeLayerNorm`].
+    pub op: AtenOp,
+    /// Values read.
+    pub inputs: Vec<ValueId>,
+    /// Values produced.
+    pub outputs: Vec<ValueId>,
+    /// Storages allocated by this operator.
+    pub allocs: Vec<StorageId>,
+    /// Storages autograd saves for its backward.
+    pub saves: Vec<StorageId>,
+    /// Inputs that receive a gradient in backward.
+    pub grads: Vec<ValueId>,
+    /// The backward hands a view of the output's gradient to the input (views, reshapes).
+    pub view_grad: bool,
+    /// Checkpointed segment the step belongs to.
+    pub segment: Option<SegmentId>,
+}
+
+/// Per-layer facts for reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerInfo {
+    /// Dotted path, e.g. `blocks.attn`.
+    pub path: String,
+    /// Layer name.
+    pub name: String,
+    /// Kind.
+    pub kind: String,
+    /// Copies (product of enclosing repeat counts).
+    pub repeat: u64,
+    /// Output shape (of one copy).
+    pub output_shape: Shape,
+    /// Parameters of one copy.
+    pub params: u64,
+    /// Parameter bytes of one copy.
+    pub parameter_bytes: u64,
+    /// Buffer bytes of one copy.
+    pub buffer_bytes: u64,
+}
+
+/// A parameter tensor.
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// Shape, e.g. `[out_features, in_features]`.
+    pub shape: Shape,
+    /// Elements (the parameter count).
+    pub numel: u64,
+    /// Bytes as stored: numel × element size, or for a quantized weight its packed values plus
+    /// scales and zero points (its value's `dtype` is then the compute dtype).
+    pub bytes: u64,
+    /// Trains (has a gradient and optimizer state).
+    pub trainable: bool,
+    /// Its value.
+    pub value: ValueId,
+    /// Storage dtype name: a dtype, or a quantization format (`nf4`, `int8`, `int4`, `fp8`).
+    pub dtype_name: &'static str,
+}
+
+/// A checkpointed range of steps (one copy of a repeated block under `--checkpoint`).
+#[derive(Clone, Debug)]
+pub struct Segment {
+    /// First step index.
+    pub start: usize,
+    /// One past the last step index.
+    pub end: usize,
+    /// The block input the checkpoint saves.
+    pub input: StorageId,
+}
+
+/// The traced forward pass.
+#[derive(Clone, Debug, Default)]
+pub struct Tape {
+    /// Every storage.
+    pub storages: TiVec<StorageId, Storage>,
+    /// Every value.
+    pub values: TiVec<ValueId, Value>,
+    /// Parameter tensors (tied weights once).
+    pub params: Vec<Param>,
+    /// Operators in forward order.
+    pub steps: Vec<Step>,
+    /// Layers, in the order first traced.
+    pub layers: TiVec<LayerId, LayerInfo>,
+    /// Storages the caller keeps until the step ends: the model output and the loss.
+    pub held: Vec<StorageId>,
+    /// Checkpointed segments.
+    pub segments: TiVec<SegmentId, Segment>,
+    /// Shape of the input batch.
+    pub input_shape: Shape,
+    /// Whether the model ends in a loss layer.
+    pub has_loss: bool,
+}
