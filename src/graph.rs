@@ -130,6 +130,20 @@ pub enum RmsStyle {
     T5,
     /// `GemmaRMSNorm`.
     Gemma,
+    /// `Olmo2RMSNorm`: the weight times the float32 normalized input, then cast back
+    /// (`(w * x.float() * rsqrt(mean(x²) + eps)).to(x.dtype)`).
+    Olmo2,
+}
+
+/// Where an attention layer RMS-normalizes its queries and keys (`qk_norm`, `qk_norm_scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Per head, over `head_dim`, on the `[B, S, heads, head_dim]` view (Qwen3's
+    /// `q_norm`/`k_norm`, `LlamaRMSNorm`): params `2·head_dim`.
+    Head,
+    /// Over the whole projection `[B, S, heads·head_dim]` before the heads are split
+    /// (OLMo-2's `q_norm`/`k_norm`, `Olmo2RMSNorm`): params `(heads + kv_heads)·head_dim`.
+    Projection,
 }
 
 /// How a free parameter tensor joins the activations.
@@ -382,8 +396,8 @@ pub enum Op {
         rotary: bool,
         /// Dropout on the attention probabilities (training only).
         dropout: f64,
-        /// RMSNorm on Q and K per head (Qwen3): params `2·head_dim`.
-        qk_norm: bool,
+        /// RMSNorm on Q and K (Qwen3 per head, OLMo-2 over the projection).
+        qk_norm: Option<QkNorm>,
         /// Adds the shared relative position bias (T5) to the scores.
         position_bias: bool,
         /// Sliding-window attention (Mistral): the inference KV cache holds at most this many
@@ -758,9 +772,10 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                 None | Some("llama") => RmsStyle::Llama,
                 Some("t5") => RmsStyle::T5,
                 Some("gemma") => RmsStyle::Gemma,
+                Some("olmo2") => RmsStyle::Olmo2,
                 Some(other) => {
                     return Err(format!(
-                        "unknown `style` value `{other}`, expected \"llama\", \"t5\" or \"gemma\""
+                        "unknown `style` value `{other}`, expected \"llama\", \"t5\", \"gemma\" or \"olmo2\""
                     ));
                 }
             };
@@ -1027,6 +1042,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                     "rotary",
                     "dropout",
                     "qk_norm",
+                    "qk_norm_scope",
                     "position_bias",
                     "sliding_window",
                     "softmax_f32",
@@ -1053,6 +1069,17 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             {
                 return Err("`qk_norm` needs separate Q and K projections (not `fused_qkv` or style = \"torch\")".into());
             }
+            let qk_norm = match (s.qk_norm.unwrap_or(false), s.qk_norm_scope.as_deref()) {
+                (false, None) => None,
+                (false, Some(_)) => return Err("`qk_norm_scope` needs `qk_norm = true`".into()),
+                (true, None | Some("head")) => Some(QkNorm::Head),
+                (true, Some("projection")) => Some(QkNorm::Projection),
+                (true, Some(other)) => {
+                    return Err(format!(
+                        "unknown `qk_norm_scope` value `{other}`, expected \"head\" or \"projection\""
+                    ));
+                }
+            };
             let bias = s.bias.unwrap_or(true);
             Op::Attention {
                 style,
@@ -1066,7 +1093,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
                 fused_qkv: s.fused_qkv.unwrap_or(false),
                 rotary: s.rotary.unwrap_or(false),
                 dropout: probability(s.dropout, "dropout")?,
-                qk_norm: s.qk_norm.unwrap_or(false),
+                qk_norm,
                 position_bias: s.position_bias.unwrap_or(false),
                 sliding_window: positive_opt(s.sliding_window, "sliding_window")?,
                 softmax_f32: s.softmax_f32.unwrap_or(false),

@@ -138,7 +138,7 @@ pub fn load_spec(
         && let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
         && hf::is_hf_config(&value)
     {
-        return hf::to_spec(&value, head);
+        return hf::to_spec(src, head);
     }
     if head != hf::Head::Auto {
         return Err(Error::Setting(

@@ -286,6 +286,10 @@ pub struct LayerSpec {
     // attention extras
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qk_norm: Option<bool>,
+    /// Where `qk_norm` normalizes: `"head"` (per head over `head_dim`, Qwen3; the default) or
+    /// `"projection"` (over the whole `heads·head_dim` projection, OLMo-2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_norm_scope: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub softmax_f32: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -583,6 +587,7 @@ impl LayerSpec {
             shared_gate,
             normalize_topk,
             qk_norm,
+            qk_norm_scope,
             position_bias,
             num_buckets,
             sliding_window,

@@ -1,32 +1,35 @@
 //! BERT (`BertForMaskedLM`, `BertForSequenceClassification`, `BertModel`).
 
 use super::Resolved;
-use super::config::Cfg;
+use super::config::{BertConfig, Cfg, layer_count, prob, required};
 use super::layers::{
     activation, add, cross_entropy, embedding, layer, layernorm, linear, push, push_dropout, repeat,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
 
+/// Builds BERT as transformers' `modeling_bert.py` does; returns the layers and
+/// `max_position_embeddings`.
 pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
-    let vocab = cfg.req(&["vocab_size"])?;
-    let hidden = cfg.req(&["hidden_size"])?;
-    let n_layers = cfg.layers(&["num_hidden_layers"])?;
-    let heads = cfg.req(&["num_attention_heads"])?;
-    let intermediate = cfg.req(&["intermediate_size"])?;
-    let positions = cfg.u_or(&["max_position_embeddings"], 512)?;
-    let types = cfg.u_or(&["type_vocab_size"], 2)?;
-    let act_name = cfg.s_or(&["hidden_act"], "gelu")?;
-    let hidden_p = cfg.p_or(&["hidden_dropout_prob"], 0.1)?;
-    let attn_p = cfg.p_or(&["attention_probs_dropout_prob"], 0.1)?;
-    let tie = cfg.b_or("tie_word_embeddings", true)?;
-    let position_type = cfg.s_or(&["position_embedding_type"], "absolute")?;
+    let c: BertConfig = cfg.read()?;
+    let vocab = required!(cfg, c.vocab_size)?;
+    let hidden = required!(cfg, c.hidden_size)?;
+    let n_layers = layer_count!(cfg, c.num_hidden_layers)?;
+    let heads = required!(cfg, c.num_attention_heads)?;
+    let intermediate = required!(cfg, c.intermediate_size)?;
+    let positions = c.max_position_embeddings.unwrap_or(512);
+    let types = c.type_vocab_size.unwrap_or(2);
+    let act_name = c.hidden_act.as_deref().unwrap_or("gelu");
+    let hidden_p = prob!(cfg, c.hidden_dropout_prob, 0.1)?;
+    let attn_p = prob!(cfg, c.attention_probs_dropout_prob, 0.1)?;
+    let tie = cfg.tie(true);
+    let position_type = c.position_embedding_type.as_deref().unwrap_or("absolute");
     if position_type != "absolute" {
         return Err(cfg.err(format!(
             "`position_embedding_type = \"{position_type}\"` is not supported (only \"absolute\")"
         )));
     }
-    if cfg.b_or("is_decoder", false)? || cfg.b_or("add_cross_attention", false)? {
+    if c.is_decoder.unwrap_or(false) || c.add_cross_attention.unwrap_or(false) {
         return Err(cfg.err(
             "BERT as a decoder (`is_decoder` or `add_cross_attention`) is not supported".into(),
         ));
@@ -114,7 +117,11 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         }
         Resolved::Classification => {
             let prev = pooler(&mut out);
-            let classifier_p = cfg.p_or(&["classifier_dropout", "hidden_dropout_prob"], 0.1)?;
+            let classifier_p = cfg.prob(
+                "classifier_dropout",
+                c.classifier_dropout.or(c.hidden_dropout_prob),
+                0.1,
+            )?;
             push_dropout(&mut out, "dropout", classifier_p, prev);
             push(&mut out, linear("classifier", cfg.num_labels()?, true));
             push(&mut out, cross_entropy(false, false));

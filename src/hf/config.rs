@@ -1,136 +1,252 @@
-//! Typed access to a config's fields, with errors that name the field.
+//! The fields memest reads from a `config.json`, one serde struct per config family.
+//!
+//! Every field is an `Option`: transformers writes `null` for many keys it leaves at their
+//! default, and the default often depends on the family (see [`super::DECODERS`]). Unknown keys
+//! are ignored (configs carry dozens memest has no use for). A field of the wrong type is an
+//! [`Error::Spec`] with the field's path and the position serde_json reports, e.g.
+//! `1:62: Hugging Face config (model_type gpt2): \`n_embd\`: invalid type: string "768",
+//! expected u64`; a missing or out-of-range value is an [`Error::Setting`] naming the field.
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::MAX_LAYERS;
-use crate::error::Error;
+use crate::error::{Error, SpecError};
 
-/// Typed access to the config's fields, with errors that name the field.
-pub(super) struct Cfg<'a> {
-    pub(super) map: &'a Map<String, Value>,
-    pub(super) model_type: &'a str,
+/// The fields every family reads: what the model is, its head, its dtype.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Header {
+    pub model_type: Option<String>,
+    pub architectures: Option<Vec<String>>,
+    /// transformers 4's name of `dtype`.
+    pub torch_dtype: Option<String>,
+    pub dtype: Option<String>,
+    pub num_labels: Option<u64>,
+    pub id2label: Option<Map<String, Value>>,
+    pub tie_word_embeddings: Option<bool>,
 }
 
-impl<'a> Cfg<'a> {
-    pub(super) fn err(&self, message: String) -> Error {
-        Error::Setting(format!(
-            "Hugging Face config (model_type {}): {message}",
-            self.model_type
-        ))
+/// Llama-style decoders (`LlamaConfig`, `MistralConfig`, `Qwen2MoeConfig`, `Olmo2Config`, …):
+/// the union of the keys their builder reads (see [`super::decoder`]).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct DecoderConfig {
+    pub vocab_size: Option<u64>,
+    pub hidden_size: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub num_hidden_layers: Option<u64>,
+    pub num_attention_heads: Option<u64>,
+    pub num_key_value_heads: Option<u64>,
+    pub head_dim: Option<u64>,
+    pub max_position_embeddings: Option<u64>,
+    pub hidden_act: Option<String>,
+    pub attention_bias: Option<bool>,
+    /// Qwen2-MoE's switch for the Q/K/V biases.
+    pub qkv_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
+    pub attention_dropout: Option<f64>,
+    /// Phi-3's residual dropout.
+    pub resid_pdrop: Option<f64>,
+    pub sliding_window: Option<u64>,
+    pub use_sliding_window: Option<bool>,
+    pub max_window_layers: Option<u64>,
+    /// Per layer, `"sliding_attention"` or `"full_attention"`.
+    pub layer_types: Option<Vec<String>>,
+    /// Mixtral's experts.
+    pub num_local_experts: Option<u64>,
+    /// Qwen2-MoE's experts.
+    pub num_experts: Option<u64>,
+    pub num_experts_per_tok: Option<u64>,
+    pub moe_intermediate_size: Option<u64>,
+    pub shared_expert_intermediate_size: Option<u64>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<u64>,
+    pub mlp_only_layers: Option<Vec<u64>>,
+    /// transformers 5's RoPE settings.
+    pub rope_parameters: Option<RopeParameters>,
+    /// transformers 4's place of `rope_parameters.partial_rotary_factor`.
+    pub partial_rotary_factor: Option<f64>,
+}
+
+/// The part of `rope_parameters` that changes memory: the fraction of each head that rotates.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RopeParameters {
+    pub partial_rotary_factor: Option<f64>,
+}
+
+/// `GPT2Config` (its `attribute_map` names: `hidden_size` for `n_embd`, …).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Gpt2Config {
+    pub vocab_size: Option<u64>,
+    #[serde(alias = "hidden_size")]
+    pub n_embd: Option<u64>,
+    #[serde(alias = "num_hidden_layers")]
+    pub n_layer: Option<u64>,
+    #[serde(alias = "num_attention_heads")]
+    pub n_head: Option<u64>,
+    #[serde(alias = "max_position_embeddings")]
+    pub n_positions: Option<u64>,
+    pub n_inner: Option<u64>,
+    pub activation_function: Option<String>,
+    pub embd_pdrop: Option<f64>,
+    pub attn_pdrop: Option<f64>,
+    pub resid_pdrop: Option<f64>,
+    pub add_cross_attention: Option<bool>,
+}
+
+/// `BertConfig`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct BertConfig {
+    pub vocab_size: Option<u64>,
+    pub hidden_size: Option<u64>,
+    pub num_hidden_layers: Option<u64>,
+    pub num_attention_heads: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub max_position_embeddings: Option<u64>,
+    pub type_vocab_size: Option<u64>,
+    pub hidden_act: Option<String>,
+    pub hidden_dropout_prob: Option<f64>,
+    pub attention_probs_dropout_prob: Option<f64>,
+    pub classifier_dropout: Option<f64>,
+    pub position_embedding_type: Option<String>,
+    pub is_decoder: Option<bool>,
+    pub add_cross_attention: Option<bool>,
+}
+
+/// `T5Config` (its `attribute_map` names: `hidden_size` for `d_model`, …).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct T5Config {
+    pub vocab_size: Option<u64>,
+    #[serde(alias = "hidden_size")]
+    pub d_model: Option<u64>,
+    pub d_ff: Option<u64>,
+    #[serde(alias = "num_hidden_layers")]
+    pub num_layers: Option<u64>,
+    pub num_decoder_layers: Option<u64>,
+    #[serde(alias = "num_attention_heads")]
+    pub num_heads: Option<u64>,
+    pub d_kv: Option<u64>,
+    pub relative_attention_num_buckets: Option<u64>,
+    pub dropout_rate: Option<f64>,
+    pub feed_forward_proj: Option<String>,
+    pub n_positions: Option<u64>,
+    pub classifier_dropout: Option<f64>,
+}
+
+/// Reads `text` (a whole `config.json`) as `T`, naming the field path and position on error.
+/// `context` starts the message (`Hugging Face config (model_type llama)`).
+pub(super) fn read<T: DeserializeOwned>(text: &str, context: &str) -> Result<T, Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let (line, column) = (inner.line(), inner.column());
+        let full = inner.to_string();
+        let message = full
+            .strip_suffix(&format!(" at line {line} column {column}"))
+            .unwrap_or(&full);
+        let message = if path == "." {
+            format!("{context}: {message}")
+        } else {
+            format!("{context}: `{path}`: {message}")
+        };
+        Error::Spec(SpecError {
+            line: (line > 0).then_some(line),
+            column: (column > 0).then_some(column),
+            message,
+        })
+    })
+}
+
+/// One config being imported: its text, its `model_type` and its [`Header`]; checks values and
+/// words errors.
+pub(super) struct Cfg<'a> {
+    pub text: &'a str,
+    pub model_type: &'a str,
+    pub header: Header,
+}
+
+impl Cfg<'_> {
+    fn context(&self) -> String {
+        format!("Hugging Face config (model_type {})", self.model_type)
     }
 
-    /// The value of the first of `keys` that is present and not null.
-    pub(super) fn get<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, &'a Value)> {
-        keys.iter()
-            .find_map(|k| self.map.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
+    /// An error about this config.
+    pub fn err(&self, message: String) -> Error {
+        Error::Setting(format!("{}: {message}", self.context()))
     }
 
-    pub(super) fn opt_u(&self, keys: &[&str]) -> Result<Option<u64>, Error> {
-        match self.get(keys) {
-            None => Ok(None),
-            Some((k, v)) => match v.as_u64() {
-                Some(n) => Ok(Some(n)),
-                None => Err(self.err(format!("`{k}` must be a non-negative integer, got {v}"))),
-            },
-        }
+    /// The config's fields for one family.
+    pub fn read<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        read(self.text, &self.context())
     }
 
-    /// A required size: present, an integer, positive.
-    pub(super) fn req(&self, keys: &[&str]) -> Result<u64, Error> {
-        match self.opt_u(keys)? {
-            Some(0) => Err(self.err(format!("`{}` must be positive, got 0", keys[0]))),
+    /// A required size: present and positive.
+    pub fn required(&self, key: &str, value: Option<u64>) -> Result<u64, Error> {
+        match value {
+            Some(0) => Err(self.err(format!("`{key}` must be positive, got 0"))),
             Some(n) => Ok(n),
-            None => Err(self.err(format!(
-                "missing `{}` (required to build the model)",
-                keys[0]
-            ))),
+            None => Err(self.err(format!("missing `{key}` (required to build the model)"))),
         }
     }
 
     /// A layer count: required, positive, and at most [`MAX_LAYERS`] (checked before any layer
     /// is built).
-    pub(super) fn layers(&self, keys: &[&str]) -> Result<u64, Error> {
-        let n = self.req(keys)?;
+    pub fn layers(&self, key: &str, value: Option<u64>) -> Result<u64, Error> {
+        let n = self.required(key, value)?;
         if n > MAX_LAYERS {
             return Err(self.err(format!(
-                "`{}` = {n} is more layers than memest traces (at most {MAX_LAYERS})",
-                keys[0]
+                "`{key}` = {n} is more layers than memest traces (at most {MAX_LAYERS})"
             )));
         }
         Ok(n)
     }
 
-    pub(super) fn u_or(&self, keys: &[&str], default: u64) -> Result<u64, Error> {
-        Ok(self.opt_u(keys)?.unwrap_or(default))
-    }
-
-    pub(super) fn f_or(&self, keys: &[&str], default: f64) -> Result<f64, Error> {
-        match self.get(keys) {
-            None => Ok(default),
-            Some((k, v)) => v
-                .as_f64()
-                .ok_or_else(|| self.err(format!("`{k}` must be a number, got {v}"))),
-        }
-    }
-
-    pub(super) fn b_or(&self, key: &str, default: bool) -> Result<bool, Error> {
-        match self.get(&[key]) {
-            None => Ok(default),
-            Some((k, v)) => v
-                .as_bool()
-                .ok_or_else(|| self.err(format!("`{k}` must be true or false, got {v}"))),
-        }
-    }
-
-    pub(super) fn s_or<'s>(&'s self, keys: &[&str], default: &'s str) -> Result<&'s str, Error> {
-        match self.get(keys) {
-            None => Ok(default),
-            Some((k, v)) => v
-                .as_str()
-                .ok_or_else(|| self.err(format!("`{k}` must be a string, got {v}"))),
-        }
-    }
-
-    /// The first entry of `architectures`, if any.
-    pub(super) fn architecture(&self) -> Result<Option<String>, Error> {
-        match self.get(&["architectures"]) {
-            None => Ok(None),
-            Some((_, Value::Array(list))) if list.is_empty() => Ok(None),
-            Some((_, Value::Array(list))) => match list[0].as_str() {
-                Some(s) => Ok(Some(s.to_string())),
-                None => Err(self.err(format!(
-                    "`architectures` must list class names, got {}",
-                    list[0]
-                ))),
-            },
-            Some((_, v)) => Err(self.err(format!(
-                "`architectures` must be a list of class names, got {v}"
-            ))),
+    /// A probability (dropout rate) in `[0, 1)`, `default` when absent.
+    pub fn prob(&self, key: &str, value: Option<f64>, default: f64) -> Result<f64, Error> {
+        let p = value.unwrap_or(default);
+        if (0.0..1.0).contains(&p) {
+            Ok(p)
+        } else {
+            Err(self.err(format!("`{key}` must be in [0, 1), got {p}")))
         }
     }
 
     /// `num_labels`, else the length of `id2label`, else transformers' default 2.
-    pub(super) fn num_labels(&self) -> Result<u64, Error> {
-        if let Some(n) = self.opt_u(&["num_labels"])? {
-            return if n == 0 {
-                Err(self.err("`num_labels` must be positive, got 0".into()))
-            } else {
-                Ok(n)
-            };
-        }
-        match self.get(&["id2label"]) {
-            Some((_, Value::Object(m))) if !m.is_empty() => Ok(m.len() as u64),
-            _ => Ok(2),
+    pub fn num_labels(&self) -> Result<u64, Error> {
+        match (self.header.num_labels, &self.header.id2label) {
+            (Some(0), _) => Err(self.err("`num_labels` must be positive, got 0".into())),
+            (Some(n), _) => Ok(n),
+            (None, Some(m)) if !m.is_empty() => Ok(m.len() as u64),
+            (None, _) => Ok(2),
         }
     }
 
-    /// A probability (dropout rate) key.
-    pub(super) fn p_or(&self, keys: &[&str], default: f64) -> Result<f64, Error> {
-        let p = self.f_or(keys, default)?;
-        if (0.0..1.0).contains(&p) {
-            Ok(p)
-        } else {
-            Err(self.err(format!("`{}` must be in [0, 1), got {p}", keys[0])))
-        }
+    /// `tie_word_embeddings`, else the family's default.
+    pub fn tie(&self, default: bool) -> bool {
+        self.header.tie_word_embeddings.unwrap_or(default)
     }
 }
+
+/// `cfg.required("field", c.field)` without spelling the field twice.
+macro_rules! required {
+    ($cfg:expr, $c:ident . $field:ident) => {
+        $cfg.required(stringify!($field), $c.$field)
+    };
+}
+
+/// `cfg.layers("field", c.field)` without spelling the field twice.
+macro_rules! layer_count {
+    ($cfg:expr, $c:ident . $field:ident) => {
+        $cfg.layers(stringify!($field), $c.$field)
+    };
+}
+
+/// `cfg.prob("field", c.field, default)` without spelling the field twice.
+macro_rules! prob {
+    ($cfg:expr, $c:ident . $field:ident, $default:expr) => {
+        $cfg.prob(stringify!($field), $c.$field, $default)
+    };
+}
+
+pub(super) use {layer_count, prob, required};

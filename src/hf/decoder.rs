@@ -1,19 +1,175 @@
-//! Llama-style decoders: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, gemma, phi3.
+//! Llama-style decoders, one builder for every row of [`super::DECODERS`]: embedding, rotary
+//! embedding, runs of decoder layers (attention and MLP with residuals, the norms before or
+//! after them), final norm, head.
+//!
+//! The row says what is data (defaults, biases, norm style and placement, fused projections,
+//! q/k norms); what stays code is real control flow: which layers use a sliding window or a
+//! mixture of experts ([`Sliding`], [`Moe`]), the runs of equal layers, and the heads.
 
-use serde_json::Value;
-
-use super::config::Cfg;
+use super::Resolved;
+use super::config::{Cfg, DecoderConfig, layer_count, prob, required};
 use super::layers::{
-    activation, add, causal_head, embedding, family_norm, layer, linear, push, push_dropout,
-    repeat, run_name, runs, with_inputs, with_note,
+    activation, add, causal_head, embedding, layer, linear, push, push_dropout, repeat, rmsnorm,
+    run_name, runs, with_inputs, with_note,
 };
-use super::{Family, Resolved};
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
 
+/// One Llama-style decoder family: the defaults of its transformers config class
+/// (`configuration_<family>.py`) and how its modeling file (`modeling_<family>.py`) differs from
+/// Llama's. See [`super::DECODERS`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DecoderFamily {
+    /// `model_type` in `config.json`.
+    pub model_type: &'static str,
+    /// Its `architectures` class names, lowercased, start with this (`Qwen2MoeForCausalLM` →
+    /// `qwen2moe`); used when a config has no `model_type`.
+    pub arch_prefix: &'static str,
+    /// `num_key_value_heads` when the config leaves it out.
+    pub kv_heads: KvHeads,
+    /// `head_dim` when the config leaves it out (`None`: `hidden_size / num_attention_heads`).
+    pub head_dim: Option<u64>,
+    /// `max_position_embeddings` when the config leaves it out.
+    pub max_positions: u64,
+    /// `tie_word_embeddings` when the config leaves it out.
+    pub tie: bool,
+    /// `hidden_act` when the config leaves it out.
+    pub act: &'static str,
+    /// An activation name the config class rewrites, `(from, to)`.
+    pub act_rename: Option<(&'static str, &'static str)>,
+    /// Biases of the attention projections.
+    pub bias: Bias,
+    /// Whether the MLP's biases follow `mlp_bias` (Llama; others have none).
+    pub mlp_bias: bool,
+    /// Whether `resid_pdrop` drops out the attention and MLP outputs (Phi-3).
+    pub resid_dropout: bool,
+    /// Which RMSNorm every norm of the model is.
+    pub norm: Norm,
+    /// Where each decoder layer normalizes.
+    pub placement: NormPlacement,
+    /// Separate `q_proj`/`k_proj`/`v_proj` or one fused `qkv_proj`.
+    pub qkv: Qkv,
+    /// Separate `gate_proj`/`up_proj` or one fused `gate_up_proj`.
+    pub gate_up: GateUp,
+    /// RMSNorm on the queries and keys.
+    pub qk_norm: QkNorm,
+    /// The word embedding is scaled by `sqrt(hidden_size)` (Gemma).
+    pub embed_scale: bool,
+    /// `apply_rotary_pos_emb` joins the rotated and pass-through parts with `torch.cat` (Phi-3).
+    pub rotary_concat: bool,
+    /// Which layers attend through a sliding window.
+    pub sliding: Sliding,
+    /// Which layers are a mixture of experts.
+    pub moe: Moe,
+}
+
+/// Default of `num_key_value_heads`.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum KvHeads {
+    /// As many as attention heads (multi-head attention).
+    SameAsHeads,
+    /// A fixed count.
+    Fixed(u64),
+}
+
+/// Biases on the attention projections.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Bias {
+    /// None (Mistral, Mixtral, Phi-3).
+    None,
+    /// On Q, K and V, not on the output projection (Qwen2).
+    Qkv,
+    /// On Q, K and V as `qkv_bias` says (default true), not on the output (Qwen2-MoE).
+    QkvFromKey,
+    /// On all four as `attention_bias` says (default false).
+    AllFromKey,
+}
+
+/// Which transformers RMSNorm the family's norms are (memest's `rmsnorm` `style`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Norm {
+    /// `LlamaRMSNorm`: normalized in float32, cast back, times the weight.
+    Llama,
+    /// `GemmaRMSNorm`: `x·(1 + w)` in float32, cast back.
+    Gemma,
+    /// `Olmo2RMSNorm`: the weight times the float32 normalized tensor, cast back.
+    Olmo2,
+}
+
+/// Where a decoder layer normalizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NormPlacement {
+    /// Before attention and MLP (`input_layernorm`, `post_attention_layernorm`).
+    Pre,
+    /// After attention and MLP, inside the residual (OLMo-2: `post_attention_layernorm`,
+    /// `post_feedforward_layernorm`).
+    Post,
+}
+
+/// The Q/K/V projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Qkv {
+    /// `q_proj`, `k_proj`, `v_proj`.
+    Separate,
+    /// One `qkv_proj` (Phi-3).
+    Fused,
+}
+
+/// The gate and up projections of a dense MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GateUp {
+    /// `gate_proj` and `up_proj`.
+    Separate,
+    /// One `gate_up_proj`, split with `chunk(2, dim=-1)` (Phi-3).
+    FusedChunk,
+}
+
+/// RMSNorm on the queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum QkNorm {
+    /// None.
+    None,
+    /// Per head, over `head_dim` (Qwen3).
+    Head,
+    /// Over the whole projection, `heads·head_dim` (OLMo-2).
+    Projection,
+}
+
+/// Which layers attend through `sliding_window`.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Sliding {
+    /// None.
+    None,
+    /// Every layer, when `sliding_window` is set (Mistral, Mixtral, Phi-3).
+    Always,
+    /// With `use_sliding_window`: the layers `layer_types` marks, else those from
+    /// `max_window_layers` on (Qwen2, Qwen3).
+    Qwen2,
+    /// With `use_sliding_window`: the layers `layer_types` marks, else the even-numbered ones
+    /// below `max_window_layers` (Qwen2-MoE's config class).
+    Qwen2Moe,
+}
+
+/// Which layers are a sparse mixture of experts.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Moe {
+    /// None.
+    None,
+    /// Every layer: `num_local_experts`, top `num_experts_per_tok`, renormalized (Mixtral).
+    Mixtral,
+    /// `num_experts` (default 60) with a gated shared expert, on every `decoder_sparse_step`-th
+    /// layer not in `mlp_only_layers` (Qwen2-MoE).
+    Qwen2,
+}
+
+/// `max_window_layers` when the config leaves it out (Qwen2 and Qwen2-MoE config classes).
+const MAX_WINDOW_LAYERS: u64 = 28;
+/// `num_experts` when the config leaves it out (`Qwen2MoeConfig`).
+const QWEN2_MOE_EXPERTS: u64 = 60;
+
 /// The MLP of one decoder layer.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) enum Mlp {
+enum Mlp {
     /// Gated MLP (`gate_proj`, act, `up_proj`, mul, `down_proj`).
     Dense(u64),
     /// Sparse mixture of experts.
@@ -29,193 +185,145 @@ pub(super) enum Mlp {
 
 /// What may differ from one decoder layer to the next.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct LayerVariant {
+struct LayerVariant {
     mlp: Mlp,
     sliding_window: Option<u64>,
 }
 
-#[allow(clippy::too_many_lines)] // one place that reads every family's keys
-pub(super) fn decoder(
+/// The sliding window of layer `i`, if it has one.
+fn sliding_at(row: &DecoderFamily, c: &DecoderConfig, i: u64) -> Option<u64> {
+    let window = c.sliding_window.filter(|&w| w > 0);
+    let max_window_layers = c.max_window_layers.unwrap_or(MAX_WINDOW_LAYERS);
+    let marked = |i: u64| {
+        c.layer_types.as_ref().map(|types| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| types.get(i))
+                .is_some_and(|t| t == "sliding_attention")
+        })
+    };
+    match row.sliding {
+        Sliding::None => None,
+        Sliding::Always => window,
+        Sliding::Qwen2 | Sliding::Qwen2Moe => {
+            let w = window.filter(|_| c.use_sliding_window.unwrap_or(false))?;
+            let sliding = marked(i).unwrap_or(match row.sliding {
+                Sliding::Qwen2Moe => (i + 1) % 2 == 1 && i < max_window_layers,
+                _ => i >= max_window_layers,
+            });
+            sliding.then_some(w)
+        }
+    }
+}
+
+/// The MLP of every layer.
+fn mlps(
     cfg: &Cfg,
-    family: Family,
-    head: Resolved,
-) -> Result<(Vec<LayerSpec>, u64), Error> {
-    use Family as F;
-    let vocab = cfg.req(&["vocab_size"])?;
-    let hidden = cfg.req(&["hidden_size"])?;
-    let n_layers = cfg.layers(&["num_hidden_layers"])?;
-    let heads = cfg.req(&["num_attention_heads"])?;
-    // transformers' config-class defaults where the file leaves the key out (or null).
-    let kv_default = match family {
-        F::Mistral | F::Mixtral => 8,
-        F::Qwen2 | F::Qwen3 => 32,
-        F::Gemma | F::Qwen2Moe => 16,
-        _ => heads,
-    };
-    let kv_heads = cfg.u_or(&["num_key_value_heads"], kv_default)?;
-    let head_dim_default = match family {
-        F::Qwen3 => 128,
-        F::Gemma => 256,
-        _ => hidden / heads,
-    };
-    let head_dim = cfg.u_or(&["head_dim"], head_dim_default)?;
-    let max_pos_default = match family {
-        F::Mistral | F::Mixtral => 4096 * 32,
-        F::Qwen2 | F::Qwen3 | F::Qwen2Moe => 32768,
-        F::Gemma => 8192,
-        F::Phi3 => 4096,
-        _ => 2048,
-    };
-    let max_pos = cfg.u_or(&["max_position_embeddings"], max_pos_default)?;
-    let tie = cfg.b_or("tie_word_embeddings", family == F::Gemma)?;
-    let (qkv_bias, out_bias) = match family {
-        F::Qwen2 => (true, false),
-        F::Qwen2Moe => {
-            let b = cfg.b_or("qkv_bias", true)?;
-            (b, false)
-        }
-        F::Llama | F::Qwen3 | F::Gemma => {
-            let b = cfg.b_or("attention_bias", false)?;
-            (b, b)
-        }
-        _ => (false, false),
-    };
-    let mlp_bias = if family == F::Llama {
-        cfg.b_or("mlp_bias", false)?
-    } else {
-        false
-    };
-    let act_name = cfg.s_or(
-        &["hidden_act"],
-        if family == F::Gemma {
-            "gelu_pytorch_tanh"
-        } else {
-            "silu"
-        },
-    )?;
-    // GemmaConfig turns the legacy "gelu" of the official releases into the tanh approximation.
-    let act_name = if family == F::Gemma && act_name == "gelu" {
-        "gelu_pytorch_tanh"
-    } else {
-        act_name
-    };
-    let attn_dropout = cfg.p_or(&["attention_dropout"], 0.0)?;
-    let resid_dropout = if family == F::Phi3 {
-        cfg.p_or(&["resid_pdrop"], 0.0)?
-    } else {
-        0.0
-    };
-
-    // Sliding windows, per layer.
-    let window = cfg.opt_u(&["sliding_window"])?.filter(|&w| w > 0);
-    let layer_types: Option<Vec<String>> = match cfg.get(&["layer_types"]) {
-        Some((_, Value::Array(list))) => Some(
-            list.iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| cfg.err(format!("`layer_types` must list strings, got {v}")))
-                })
-                .collect::<Result<_, _>>()?,
-        ),
-        Some((_, v)) => return Err(cfg.err(format!("`layer_types` must be a list, got {v}"))),
-        None => None,
-    };
-    let max_window_layers = cfg.u_or(&["max_window_layers"], 28)?;
-    let use_sliding = cfg.b_or("use_sliding_window", false)?;
-    let sliding_at = |i: u64| -> Option<u64> {
-        match family {
-            F::Mistral | F::Mixtral | F::Phi3 => window,
-            F::Qwen2 | F::Qwen3 | F::Qwen2Moe => {
-                let w = window.filter(|_| use_sliding)?;
-                let sliding = match &layer_types {
-                    Some(types) => types
-                        .get(i as usize)
-                        .is_some_and(|t| t == "sliding_attention"),
-                    None if family == F::Qwen2Moe => (i + 1) % 2 == 1 && i < max_window_layers,
-                    None => i >= max_window_layers,
-                };
-                sliding.then_some(w)
-            }
-            _ => None,
-        }
-    };
-
-    // The MLP, per layer.
-    let moe = match family {
-        F::Mixtral => Some(Mlp::Moe {
-            experts: cfg.req(&["num_local_experts"])?,
-            top_k: cfg.req(&["num_experts_per_tok"])?,
-            intermediate: cfg.req(&["intermediate_size"])?,
+    row: &DecoderFamily,
+    c: &DecoderConfig,
+    n_layers: u64,
+) -> Result<Vec<Mlp>, Error> {
+    let moe = match row.moe {
+        Moe::None => None,
+        Moe::Mixtral => Some(Mlp::Moe {
+            experts: required!(cfg, c.num_local_experts)?,
+            top_k: required!(cfg, c.num_experts_per_tok)?,
+            intermediate: required!(cfg, c.intermediate_size)?,
             shared: 0,
             shared_gate: false,
             normalize: true,
         }),
-        F::Qwen2Moe => {
-            let experts = cfg.u_or(&["num_experts"], 60)?;
-            (experts > 0)
-                .then(|| -> Result<Mlp, Error> {
-                    Ok(Mlp::Moe {
-                        experts,
-                        top_k: cfg.req(&["num_experts_per_tok"])?,
-                        intermediate: cfg.req(&["moe_intermediate_size"])?,
-                        shared: cfg.req(&["shared_expert_intermediate_size"])?,
-                        shared_gate: true,
-                        normalize: cfg.b_or("norm_topk_prob", false)?,
-                    })
+        Moe::Qwen2 => {
+            let experts = c.num_experts.unwrap_or(QWEN2_MOE_EXPERTS);
+            if experts > 0 {
+                Some(Mlp::Moe {
+                    experts,
+                    top_k: required!(cfg, c.num_experts_per_tok)?,
+                    intermediate: required!(cfg, c.moe_intermediate_size)?,
+                    shared: required!(cfg, c.shared_expert_intermediate_size)?,
+                    shared_gate: true,
+                    normalize: c.norm_topk_prob.unwrap_or(false),
                 })
-                .transpose()?
+            } else {
+                None
+            }
         }
-        _ => None,
     };
-    let dense = || -> Result<Mlp, Error> { Ok(Mlp::Dense(cfg.req(&["intermediate_size"])?)) };
-    let sparse_step = if family == F::Qwen2Moe {
-        cfg.u_or(&["decoder_sparse_step"], 1)?
-    } else {
-        1
+    let sparse_step = match row.moe {
+        Moe::Qwen2 => c.decoder_sparse_step.unwrap_or(1),
+        _ => 1,
     };
-    let mlp_only: Vec<u64> = match cfg.get(&["mlp_only_layers"]) {
-        None => Vec::new(),
-        Some((_, Value::Array(list))) => list
-            .iter()
-            .map(|v| {
-                v.as_u64().ok_or_else(|| {
-                    cfg.err(format!(
-                        "`mlp_only_layers` must list layer indices, got {v}"
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        Some((_, v)) => return Err(cfg.err(format!("`mlp_only_layers` must be a list, got {v}"))),
-    };
-    let mut variants = Vec::new();
-    for i in 0..n_layers {
-        let mlp = match &moe {
+    let mlp_only = c.mlp_only_layers.as_deref().unwrap_or_default();
+    (0..n_layers)
+        .map(|i| match &moe {
             Some(m)
-                if family == F::Mixtral
+                if matches!(row.moe, Moe::Mixtral)
                     || (!mlp_only.contains(&i)
                         && sparse_step > 0
                         && (i + 1) % sparse_step == 0) =>
             {
-                m.clone()
+                Ok(m.clone())
             }
-            _ => dense()?,
-        };
-        variants.push(LayerVariant {
+            _ => Ok(Mlp::Dense(required!(cfg, c.intermediate_size)?)),
+        })
+        .collect()
+}
+
+/// Builds a decoder family's layers from its row; returns them and the model's context length.
+pub(super) fn decoder(
+    cfg: &Cfg,
+    row: &DecoderFamily,
+    head: Resolved,
+) -> Result<(Vec<LayerSpec>, u64), Error> {
+    let c: DecoderConfig = cfg.read()?;
+    let vocab = required!(cfg, c.vocab_size)?;
+    let hidden = required!(cfg, c.hidden_size)?;
+    let n_layers = layer_count!(cfg, c.num_hidden_layers)?;
+    let heads = required!(cfg, c.num_attention_heads)?;
+    let kv_heads = c.num_key_value_heads.unwrap_or(match row.kv_heads {
+        KvHeads::SameAsHeads => heads,
+        KvHeads::Fixed(n) => n,
+    });
+    let head_dim = c.head_dim.unwrap_or(row.head_dim.unwrap_or(hidden / heads));
+    let max_pos = c.max_position_embeddings.unwrap_or(row.max_positions);
+    let tie = cfg.tie(row.tie);
+    let (qkv_bias, out_bias) = match row.bias {
+        Bias::None => (false, false),
+        Bias::Qkv => (true, false),
+        Bias::QkvFromKey => (c.qkv_bias.unwrap_or(true), false),
+        Bias::AllFromKey => {
+            let b = c.attention_bias.unwrap_or(false);
+            (b, b)
+        }
+    };
+    let mlp_bias = row.mlp_bias && c.mlp_bias.unwrap_or(false);
+    let act_name = c.hidden_act.as_deref().unwrap_or(row.act);
+    let act_name = match row.act_rename {
+        Some((from, to)) if act_name == from => to,
+        _ => act_name,
+    };
+    let attn_dropout = prob!(cfg, c.attention_dropout, 0.0)?;
+    let resid_dropout = if row.resid_dropout {
+        prob!(cfg, c.resid_pdrop, 0.0)?
+    } else {
+        0.0
+    };
+    let variants: Vec<LayerVariant> = mlps(cfg, row, &c, n_layers)?
+        .into_iter()
+        .zip(0..)
+        .map(|(mlp, i)| LayerVariant {
             mlp,
-            sliding_window: sliding_at(i),
-        });
-    }
+            sliding_window: sliding_at(row, &c, i),
+        })
+        .collect();
 
     // Rotary embedding (partial rotary: only part of each head rotates).
-    let partial = match cfg.get(&["rope_parameters"]) {
-        Some((_, Value::Object(m))) => m.get("partial_rotary_factor").and_then(Value::as_f64),
-        _ => None,
-    }
-    .or(cfg
-        .get(&["partial_rotary_factor"])
-        .and_then(|(_, v)| v.as_f64()))
-    .unwrap_or(1.0);
+    let partial = c
+        .rope_parameters
+        .as_ref()
+        .and_then(|r| r.partial_rotary_factor)
+        .or(c.partial_rotary_factor)
+        .unwrap_or(1.0);
     #[allow(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
@@ -223,9 +331,8 @@ pub(super) fn decoder(
     )]
     let rotary_dim = ((head_dim as f64 * partial) as u64).max(2);
 
-    let bare = head == Resolved::Bare;
     let p = |s: &str| {
-        if bare {
+        if head == Resolved::Bare {
             s.to_string()
         } else {
             format!("model.{s}")
@@ -234,7 +341,7 @@ pub(super) fn decoder(
     let mut out = Vec::new();
     let embed = p("embed_tokens");
     push(&mut out, embedding(&embed, vocab, hidden));
-    if family == F::Gemma {
+    if row.embed_scale {
         #[allow(clippy::cast_precision_loss)]
         let factor = (hidden as f64).sqrt();
         push(
@@ -252,8 +359,7 @@ pub(super) fn decoder(
         &mut out,
         LayerSpec {
             head_dim: Some(rotary_dim),
-            // Phi-3's apply_rotary_pos_emb joins the rotated and pass-through parts with torch.cat.
-            concat: (family == F::Phi3).then_some(true),
+            concat: row.rotary_concat.then_some(true),
             ..layer(K::Rotary, &p("rotary_emb"))
         },
     );
@@ -261,9 +367,9 @@ pub(super) fn decoder(
     for (first, count, v) in &all_runs {
         let body = decoder_layer(
             cfg,
-            family,
+            row,
             act_name,
-            DecoderAttn {
+            &DecoderAttn {
                 hidden,
                 heads,
                 kv_heads,
@@ -286,13 +392,26 @@ pub(super) fn decoder(
             ),
         );
     }
-    push(&mut out, family_norm(family, &p("norm")));
+    push(&mut out, family_norm(row, &p("norm")));
     causal_head(&mut out, cfg, head, vocab, tie.then_some(embed.as_str()))?;
     Ok((out, max_pos))
 }
 
-/// The attention of a llama-style decoder layer.
-pub(super) struct DecoderAttn {
+/// The family's RMSNorm.
+fn family_norm(row: &DecoderFamily, name: &str) -> LayerSpec {
+    let style = match row.norm {
+        Norm::Llama => None,
+        Norm::Gemma => Some("gemma"),
+        Norm::Olmo2 => Some("olmo2"),
+    };
+    LayerSpec {
+        style: style.map(str::to_string),
+        ..rmsnorm(name)
+    }
+}
+
+/// The attention of a decoder layer.
+struct DecoderAttn {
     hidden: u64,
     heads: u64,
     kv_heads: u64,
@@ -303,17 +422,24 @@ pub(super) struct DecoderAttn {
     sliding_window: Option<u64>,
 }
 
-pub(super) fn decoder_layer(
+/// One decoder layer: attention and MLP, each with its residual, normalized before
+/// (`input_layernorm`, `post_attention_layernorm`) or after (`post_attention_layernorm`,
+/// `post_feedforward_layernorm`) as the row says.
+#[allow(clippy::too_many_lines)] // the dense, fused and expert MLPs, in forward order
+fn decoder_layer(
     cfg: &Cfg,
-    family: Family,
+    row: &DecoderFamily,
     act_name: &str,
-    a: DecoderAttn,
+    a: &DecoderAttn,
     mlp: &Mlp,
     mlp_bias: bool,
     resid_dropout: f64,
 ) -> Result<Vec<LayerSpec>, Error> {
+    let post = row.placement == NormPlacement::Post;
     let mut body = Vec::new();
-    push(&mut body, family_norm(family, "input_layernorm"));
+    if !post {
+        push(&mut body, family_norm(row, "input_layernorm"));
+    }
     let mut attn = LayerSpec {
         heads: Some(a.heads),
         kv_heads: (a.kv_heads != a.heads).then_some(a.kv_heads),
@@ -323,22 +449,32 @@ pub(super) fn decoder_layer(
         out_bias: (a.out_bias != a.qkv_bias).then_some(a.out_bias),
         rotary: Some(true),
         dropout: (a.dropout > 0.0).then_some(a.dropout),
-        qk_norm: (family == Family::Qwen3).then_some(true),
+        qk_norm: (row.qk_norm != QkNorm::None).then_some(true),
+        qk_norm_scope: (row.qk_norm == QkNorm::Projection).then(|| "projection".to_string()),
         sliding_window: a.sliding_window,
         // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
         softmax_f32: Some(true),
         ..layer(K::Attention, "self_attn")
     };
-    if family == Family::Phi3 {
+    if row.qkv == Qkv::Fused {
         attn.fused_qkv = Some(true);
         attn.note = Some("Phi-3's fused qkv_proj".into());
     }
     let prev = push(&mut body, attn);
+    let prev = if post {
+        push(&mut body, family_norm(row, "post_attention_layernorm"))
+    } else {
+        prev
+    };
     let prev = push_dropout(&mut body, "resid_attn_dropout", resid_dropout, prev);
     let residual1 = push(&mut body, add("residual1", "input", &prev));
-    let norm2 = push(&mut body, family_norm(family, "post_attention_layernorm"));
+    let mlp_in = if post {
+        residual1.clone()
+    } else {
+        push(&mut body, family_norm(row, "post_attention_layernorm"))
+    };
     let prev = match mlp {
-        Mlp::Dense(intermediate) if family == Family::Phi3 => {
+        Mlp::Dense(intermediate) if row.gate_up == GateUp::FusedChunk => {
             // Phi3MLP: one fused gate_up_proj, `chunk(2, dim=-1)` into two views of its output,
             // `up * act(gate)`.
             push(
@@ -398,7 +534,7 @@ pub(super) fn decoder_layer(
             );
             let up = push(
                 &mut body,
-                with_inputs(linear("mlp.up_proj", *intermediate, mlp_bias), &[&norm2]),
+                with_inputs(linear("mlp.up_proj", *intermediate, mlp_bias), &[&mlp_in]),
             );
             push(
                 &mut body,
@@ -432,6 +568,11 @@ pub(super) fn decoder_layer(
                 },
             )
         }
+    };
+    let prev = if post {
+        push(&mut body, family_norm(row, "post_feedforward_layernorm"))
+    } else {
+        prev
     };
     let prev = push_dropout(&mut body, "resid_mlp_dropout", resid_dropout, prev);
     push(&mut body, add("residual2", &residual1, &prev));

@@ -1,26 +1,28 @@
 //! GPT-2 (`GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `GPT2Model`).
 
 use super::Resolved;
-use super::config::Cfg;
+use super::config::{Cfg, Gpt2Config, layer_count, prob, required};
 use super::layers::{
     activation, add, causal_head, embedding, layer, layernorm, linear, push, push_dropout, repeat,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
 
+/// Builds GPT-2 as transformers' `modeling_gpt2.py` does; returns the layers and `n_positions`.
 pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
-    let vocab = cfg.req(&["vocab_size"])?;
-    let hidden = cfg.req(&["n_embd", "hidden_size"])?;
-    let n_layers = cfg.layers(&["n_layer", "num_hidden_layers"])?;
-    let heads = cfg.req(&["n_head", "num_attention_heads"])?;
-    let positions = cfg.u_or(&["n_positions", "max_position_embeddings"], 1024)?;
-    let inner = cfg.u_or(&["n_inner"], 4 * hidden)?;
-    let act_name = cfg.s_or(&["activation_function"], "gelu_new")?;
-    let embd_p = cfg.p_or(&["embd_pdrop"], 0.1)?;
-    let attn_p = cfg.p_or(&["attn_pdrop"], 0.1)?;
-    let resid_p = cfg.p_or(&["resid_pdrop"], 0.1)?;
-    let tie = cfg.b_or("tie_word_embeddings", true)?;
-    if cfg.b_or("add_cross_attention", false)? {
+    let c: Gpt2Config = cfg.read()?;
+    let vocab = required!(cfg, c.vocab_size)?;
+    let hidden = required!(cfg, c.n_embd)?;
+    let n_layers = layer_count!(cfg, c.n_layer)?;
+    let heads = required!(cfg, c.n_head)?;
+    let positions = c.n_positions.unwrap_or(1024);
+    let inner = c.n_inner.unwrap_or(4 * hidden);
+    let act_name = c.activation_function.as_deref().unwrap_or("gelu_new");
+    let embd_p = prob!(cfg, c.embd_pdrop, 0.1)?;
+    let attn_p = prob!(cfg, c.attn_pdrop, 0.1)?;
+    let resid_p = prob!(cfg, c.resid_pdrop, 0.1)?;
+    let tie = cfg.tie(true);
+    if c.add_cross_attention.unwrap_or(false) {
         return Err(cfg.err("`add_cross_attention = true` (GPT-2 as a decoder with cross-attention) is not supported".into()));
     }
 

@@ -1,7 +1,7 @@
 //! Constructors of the memest layers the families are built from.
 
+use super::Resolved;
 use super::config::Cfg;
-use super::{Family, Resolved};
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
 
@@ -64,18 +64,6 @@ pub(super) fn t5_norm(name: &str) -> LayerSpec {
 
 pub(super) fn rmsnorm(name: &str) -> LayerSpec {
     layer(K::RmsNorm, name)
-}
-
-/// The family's RMSNorm: Gemma's `GemmaRMSNorm` (`x·(1 + w)` in float32) or Llama's.
-pub(super) fn family_norm(family: Family, name: &str) -> LayerSpec {
-    if family == Family::Gemma {
-        LayerSpec {
-            style: Some("gemma".into()),
-            ..rmsnorm(name)
-        }
-    } else {
-        rmsnorm(name)
-    }
 }
 
 pub(super) fn cross_entropy(shift: bool, upcast: bool) -> LayerSpec {

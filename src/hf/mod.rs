@@ -10,11 +10,13 @@
 //! The head follows `architectures` (`…ForCausalLM` → LM head and causal-LM loss,
 //! `BertForMaskedLM` → MLM head, `…ForSequenceClassification` → classifier and cross-entropy,
 //! `…Model` → the bare model); [`Head`] picks another.
+//!
+//! Layout: [`DECODERS`] (here) holds one row per Llama-style decoder family, what its
+//! transformers config class and modeling file do differently, and `decoder.rs` builds any of
+//! them from its row; `gpt2.rs`, `bert.rs` and `t5.rs` build the three other families;
+//! `config.rs` reads the config's fields with serde; `layers.rs` has the layer constructors.
 
-/// The most layers a config may declare: far beyond any real model, and small enough that
-/// building the description cannot exhaust memory.
-const MAX_LAYERS: u64 = 100_000;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::dtype::DType;
 use crate::error::Error;
@@ -27,22 +29,159 @@ mod gpt2;
 mod layers;
 mod t5;
 
-use config::Cfg;
+use config::{Cfg, Header};
+use decoder::{
+    Bias, DecoderFamily, GateUp, KvHeads, Moe, Norm, NormPlacement, QkNorm, Qkv, Sliding,
+};
 
-/// The `model_type`s memest can import.
-pub const SUPPORTED: &[&str] = &[
-    "bert",
-    "gemma",
-    "gpt2",
-    "llama",
-    "mistral",
-    "mixtral",
-    "phi3",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "t5",
+/// The most layers a config may declare: far beyond any real model, and small enough that
+/// building the description cannot exhaust memory.
+const MAX_LAYERS: u64 = 100_000;
+
+/// The default sequence length: the model's context, capped at this.
+const DEFAULT_MAX_SEQ: u64 = 2048;
+
+/// A row with Llama's choices; the rows below state only what differs.
+const LLAMA: DecoderFamily = DecoderFamily {
+    model_type: "llama",
+    arch_prefix: "llama",
+    kv_heads: KvHeads::SameAsHeads,
+    head_dim: None,
+    max_positions: 2048,
+    tie: false,
+    act: "silu",
+    act_rename: None,
+    bias: Bias::AllFromKey,
+    mlp_bias: true,
+    resid_dropout: false,
+    norm: Norm::Llama,
+    placement: NormPlacement::Pre,
+    qkv: Qkv::Separate,
+    gate_up: GateUp::Separate,
+    qk_norm: QkNorm::None,
+    embed_scale: false,
+    rotary_concat: false,
+    sliding: Sliding::None,
+    moe: Moe::None,
+};
+
+/// The Llama-style decoder families, one row each: the defaults of the transformers config
+/// class (`models/<family>/configuration_<family>.py`) and what its modeling file builds
+/// differently from Llama's. [`decoder`] builds every row; [`SUPPORTED`](supported), the
+/// `model_type` lookup and the architecture-prefix inference derive from this table.
+const DECODERS: &[DecoderFamily] = &[
+    LLAMA,
+    DecoderFamily {
+        model_type: "mistral",
+        arch_prefix: "mistral",
+        kv_heads: KvHeads::Fixed(8),
+        max_positions: 4096 * 32,
+        bias: Bias::None,
+        mlp_bias: false,
+        sliding: Sliding::Always,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "mixtral",
+        arch_prefix: "mixtral",
+        kv_heads: KvHeads::Fixed(8),
+        max_positions: 4096 * 32,
+        bias: Bias::None,
+        mlp_bias: false,
+        sliding: Sliding::Always,
+        moe: Moe::Mixtral,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "qwen2",
+        arch_prefix: "qwen2",
+        kv_heads: KvHeads::Fixed(32),
+        max_positions: 32768,
+        bias: Bias::Qkv,
+        mlp_bias: false,
+        sliding: Sliding::Qwen2,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "qwen2_moe",
+        arch_prefix: "qwen2moe",
+        kv_heads: KvHeads::Fixed(16),
+        max_positions: 32768,
+        bias: Bias::QkvFromKey,
+        mlp_bias: false,
+        sliding: Sliding::Qwen2Moe,
+        moe: Moe::Qwen2,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "qwen3",
+        arch_prefix: "qwen3",
+        kv_heads: KvHeads::Fixed(32),
+        head_dim: Some(128),
+        max_positions: 32768,
+        mlp_bias: false,
+        qk_norm: QkNorm::Head,
+        sliding: Sliding::Qwen2,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "gemma",
+        arch_prefix: "gemma",
+        kv_heads: KvHeads::Fixed(16),
+        head_dim: Some(256),
+        max_positions: 8192,
+        tie: true,
+        act: "gelu_pytorch_tanh",
+        // GemmaConfig turns the legacy "gelu" of the official releases into the tanh
+        // approximation.
+        act_rename: Some(("gelu", "gelu_pytorch_tanh")),
+        mlp_bias: false,
+        norm: Norm::Gemma,
+        embed_scale: true,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "phi3",
+        arch_prefix: "phi3",
+        max_positions: 4096,
+        bias: Bias::None,
+        mlp_bias: false,
+        resid_dropout: true,
+        qkv: Qkv::Fused,
+        gate_up: GateUp::FusedChunk,
+        rotary_concat: true,
+        sliding: Sliding::Always,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "olmo2",
+        arch_prefix: "olmo2",
+        mlp_bias: false,
+        norm: Norm::Olmo2,
+        placement: NormPlacement::Post,
+        qk_norm: QkNorm::Projection,
+        ..LLAMA
+    },
 ];
+
+/// The families that are not built from [`DECODERS`]: `(model_type, architecture prefix)`.
+const OTHERS: &[(&str, &str, Family)] = &[
+    ("gpt2", "gpt2", Family::Gpt2),
+    ("bert", "bert", Family::Bert),
+    ("t5", "t5", Family::T5),
+];
+
+/// The `model_type`s memest can import, sorted.
+#[must_use]
+pub fn supported() -> Vec<&'static str> {
+    let mut all: Vec<&str> = DECODERS
+        .iter()
+        .map(|d| d.model_type)
+        .chain(OTHERS.iter().map(|o| o.0))
+        .collect();
+    all.sort_unstable();
+    all
+}
 
 /// Which head sits on the imported model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -71,53 +210,52 @@ pub fn is_hf_config(value: &Value) -> bool {
     })
 }
 
-/// Builds the memest description of a Hugging Face configuration.
+/// Builds the memest description of a Hugging Face configuration, given as its JSON text.
 ///
 /// # Errors
+/// [`Error::Spec`] for a field of the wrong type (with the field's path, line and column);
 /// [`Error::Setting`] for an unsupported `model_type` (listing the supported ones), an
-/// architecture whose head memest does not know, a missing required field (named), a field of
-/// the wrong type, or an unsupported activation.
-pub fn to_spec(config: &Value, head: Head) -> Result<ModelSpec, Error> {
-    let Some(map) = config.as_object() else {
-        return Err(Error::Setting(
-            "a Hugging Face config must be a JSON object".into(),
-        ));
-    };
-    let model_type = match map.get("model_type") {
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(Error::Setting(format!(
-                "Hugging Face config: `model_type` must be a string, got {other}"
-            )));
-        }
-        None => infer_model_type(map)?,
-    };
-    let cfg = Cfg {
-        map,
-        model_type: &model_type,
+/// architecture whose head memest does not know, a missing required field (named), an
+/// out-of-range value, or an unsupported activation.
+pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
+    let header: Header = config::read(text, "Hugging Face config")?;
+    let model_type = match &header.model_type {
+        Some(t) => t.clone(),
+        None => infer_model_type(header.architectures.as_deref())?,
     };
     let family = Family::from_model_type(&model_type).ok_or_else(|| {
         Error::Setting(format!(
             "Hugging Face config: model_type `{model_type}` is not supported; supported: {}",
-            SUPPORTED.join(", ")
+            supported().join(", ")
         ))
     })?;
-    let arch = cfg.architecture()?;
+    let arch = header
+        .architectures
+        .as_ref()
+        .and_then(|a| a.first())
+        .cloned();
+    let cfg = Cfg {
+        text,
+        model_type: &model_type,
+        header,
+    };
     let head = resolve_head(head, arch.as_deref(), family, &model_type)?;
     let (layers, seq) = match family {
         Family::Gpt2 => gpt2::gpt2(&cfg, head)?,
         Family::Bert => bert::bert(&cfg, head)?,
         Family::T5 => t5::t5(&cfg, head)?,
-        _ => decoder::decoder(&cfg, family, head)?,
+        Family::Decoder(row) => decoder::decoder(&cfg, row, head)?,
     };
     let mut dtype = None;
-    for key in ["torch_dtype", "dtype"] {
-        match map.get(key) {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s == "auto" => {}
-            Some(v) => {
-                let d = v.as_str().and_then(|s| s.parse::<DType>().ok()).filter(|d| d.is_float()).ok_or_else(|| {
-                    Error::Setting(format!("Hugging Face config: `{key}` must name a floating-point dtype (e.g. \"bfloat16\"), got {v}"))
+    for (key, value) in [
+        ("torch_dtype", &cfg.header.torch_dtype),
+        ("dtype", &cfg.header.dtype),
+    ] {
+        match value.as_deref() {
+            None | Some("auto") => {}
+            Some(s) => {
+                let d = s.parse::<DType>().ok().filter(|d| d.is_float()).ok_or_else(|| {
+                    Error::Setting(format!("Hugging Face config: `{key}` must name a floating-point dtype (e.g. \"bfloat16\"), got \"{s}\""))
                 })?;
                 dtype = Some(d);
                 break;
@@ -155,55 +293,37 @@ pub fn to_spec(config: &Value, head: Head) -> Result<ModelSpec, Error> {
     })
 }
 
-/// The default sequence length: the model's context, capped at this.
-const DEFAULT_MAX_SEQ: u64 = 2048;
-
-fn infer_model_type(map: &Map<String, Value>) -> Result<String, Error> {
-    let arch = map
-        .get("architectures")
-        .and_then(Value::as_array)
+/// The `model_type` of the family whose architecture prefix starts the first of
+/// `architectures` (`Qwen2MoeForCausalLM` → `qwen2_moe`); the longest prefix wins, and a prefix
+/// followed by a digit does not match (`Gemma2…` is not `gemma`).
+fn infer_model_type(architectures: Option<&[String]>) -> Result<String, Error> {
+    let arch = architectures
         .and_then(|a| a.first())
-        .and_then(Value::as_str)
-        .unwrap_or("");
+        .map_or("", String::as_str);
     let lower = arch.to_ascii_lowercase();
-    // Longest prefixes first (qwen2moe before qwen2).
-    let known = [
-        ("qwen2moe", "qwen2_moe"),
-        ("qwen3", "qwen3"),
-        ("qwen2", "qwen2"),
-        ("llama", "llama"),
-        ("mistral", "mistral"),
-        ("mixtral", "mixtral"),
-        ("gemma", "gemma"),
-        ("phi3", "phi3"),
-        ("gpt2", "gpt2"),
-        ("bert", "bert"),
-        ("t5", "t5"),
-    ];
-    for (prefix, ty) in known {
-        if lower.starts_with(prefix)
-            && !lower[prefix.len()..].starts_with(|c: char| c.is_ascii_digit())
-        {
-            return Ok(ty.to_string());
-        }
-    }
-    Err(Error::Setting(format!(
-        "Hugging Face config: no `model_type`, and architecture `{arch}` names no supported family; supported model types: {}",
-        SUPPORTED.join(", ")
-    )))
+    DECODERS
+        .iter()
+        .map(|d| (d.arch_prefix, d.model_type))
+        .chain(OTHERS.iter().map(|o| (o.1, o.0)))
+        .filter(|(prefix, _)| {
+            lower.starts_with(prefix)
+                && !lower[prefix.len()..].starts_with(|c: char| c.is_ascii_digit())
+        })
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, ty)| ty.to_string())
+        .ok_or_else(|| {
+            Error::Setting(format!(
+                "Hugging Face config: no `model_type`, and architecture `{arch}` names no supported family; supported model types: {}",
+                supported().join(", ")
+            ))
+        })
 }
 
 /// The families memest imports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 enum Family {
-    Llama,
-    Mistral,
-    Mixtral,
-    Qwen2,
-    Qwen2Moe,
-    Qwen3,
-    Gemma,
-    Phi3,
+    /// A Llama-style decoder, built from its row of [`DECODERS`].
+    Decoder(&'static DecoderFamily),
     Gpt2,
     Bert,
     T5,
@@ -211,20 +331,11 @@ enum Family {
 
 impl Family {
     fn from_model_type(t: &str) -> Option<Family> {
-        Some(match t {
-            "llama" => Family::Llama,
-            "mistral" => Family::Mistral,
-            "mixtral" => Family::Mixtral,
-            "qwen2" => Family::Qwen2,
-            "qwen2_moe" => Family::Qwen2Moe,
-            "qwen3" => Family::Qwen3,
-            "gemma" => Family::Gemma,
-            "phi3" => Family::Phi3,
-            "gpt2" => Family::Gpt2,
-            "bert" => Family::Bert,
-            "t5" => Family::T5,
-            _ => return None,
-        })
+        DECODERS
+            .iter()
+            .find(|d| d.model_type == t)
+            .map(Family::Decoder)
+            .or_else(|| OTHERS.iter().find(|o| o.0 == t).map(|o| o.2))
     }
 }
 
@@ -250,16 +361,17 @@ fn resolve_head(
     }
     let Some(arch) = arch else {
         // No `architectures`: the family's usual head.
-        return Ok(match family {
-            Family::Bert => Resolved::Bare,
-            _ => Resolved::Lm,
+        return Ok(if matches!(family, Family::Bert) {
+            Resolved::Bare
+        } else {
+            Resolved::Lm
         });
     };
     let lm_suffixes: &[&str] = match family {
         Family::Bert => &["ForMaskedLM"],
         Family::T5 => &["ForConditionalGeneration"],
         Family::Gpt2 => &["LMHeadModel", "ForCausalLM"],
-        _ => &["ForCausalLM"],
+        Family::Decoder(_) => &["ForCausalLM"],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)
@@ -284,6 +396,10 @@ mod tests {
     use super::*;
     use crate::spec::LayerKind as K;
     use serde_json::json;
+
+    fn spec_of(config: &Value, head: Head) -> Result<ModelSpec, Error> {
+        to_spec(&config.to_string(), head)
+    }
 
     fn llama_tiny() -> Value {
         json!({
@@ -312,7 +428,7 @@ mod tests {
 
     #[test]
     fn llama_has_one_repeat_block_and_a_tied_or_untied_head() {
-        let spec = to_spec(&llama_tiny(), Head::Auto).unwrap();
+        let spec = spec_of(&llama_tiny(), Head::Auto).unwrap();
         let kinds: Vec<K> = spec.layers.iter().map(|l| l.kind).collect();
         assert_eq!(
             kinds,
@@ -336,16 +452,16 @@ mod tests {
 
         let mut tied = llama_tiny();
         tied["tie_word_embeddings"] = json!(true);
-        let spec = to_spec(&tied, Head::Auto).unwrap();
+        let spec = spec_of(&tied, Head::Auto).unwrap();
         assert_eq!(spec.layers[4].tie.as_deref(), Some("model.embed_tokens"));
     }
 
     #[test]
     fn head_override() {
-        let spec = to_spec(&llama_tiny(), Head::None).unwrap();
+        let spec = spec_of(&llama_tiny(), Head::None).unwrap();
         assert_eq!(spec.layers.last().unwrap().kind, K::RmsNorm);
         assert_eq!(spec.layers[0].name.as_deref(), Some("embed_tokens"));
-        let spec = to_spec(&llama_tiny(), Head::Classification).unwrap();
+        let spec = spec_of(&llama_tiny(), Head::Classification).unwrap();
         let score = spec
             .layers
             .iter()
@@ -356,7 +472,7 @@ mod tests {
 
     #[test]
     fn unsupported_model_type_lists_the_supported_ones() {
-        let Err(Error::Setting(m)) = to_spec(&json!({"model_type": "falcon"}), Head::Auto) else {
+        let Err(Error::Setting(m)) = spec_of(&json!({"model_type": "falcon"}), Head::Auto) else {
             panic!("expected a setting error")
         };
         assert!(
@@ -369,7 +485,7 @@ mod tests {
     fn missing_field_is_named() {
         let mut c = llama_tiny();
         c.as_object_mut().unwrap().remove("hidden_size");
-        let Err(Error::Setting(m)) = to_spec(&c, Head::Auto) else {
+        let Err(Error::Setting(m)) = spec_of(&c, Head::Auto) else {
             panic!("expected a setting error")
         };
         assert!(m.contains("`hidden_size`"), "{m}");
@@ -384,7 +500,7 @@ mod tests {
             "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
             "shared_expert_intermediate_size": 64, "mlp_only_layers": [0]
         });
-        let spec = to_spec(&c, Head::Auto).unwrap();
+        let spec = spec_of(&c, Head::Auto).unwrap();
         let blocks: Vec<(&str, Option<u64>)> = spec
             .layers
             .iter()
@@ -401,9 +517,9 @@ mod tests {
     fn architecture_without_model_type() {
         let mut c = llama_tiny();
         c.as_object_mut().unwrap().remove("model_type");
-        assert!(to_spec(&c, Head::Auto).is_ok());
+        assert!(spec_of(&c, Head::Auto).is_ok());
         let Err(Error::Setting(m)) =
-            to_spec(&json!({"architectures": ["FalconForCausalLM"]}), Head::Auto)
+            spec_of(&json!({"architectures": ["FalconForCausalLM"]}), Head::Auto)
         else {
             panic!("expected a setting error")
         };
@@ -414,10 +530,10 @@ mod tests {
     fn unknown_architecture_suggests_head() {
         let mut c = llama_tiny();
         c["architectures"] = json!(["LlamaForTokenClassification"]);
-        let Err(Error::Setting(m)) = to_spec(&c, Head::Auto) else {
+        let Err(Error::Setting(m)) = spec_of(&c, Head::Auto) else {
             panic!("expected a setting error")
         };
         assert!(m.contains("--head"), "{m}");
-        assert!(to_spec(&c, Head::Lm).is_ok());
+        assert!(spec_of(&c, Head::Lm).is_ok());
     }
 }

@@ -1,7 +1,7 @@
 //! T5 (`T5ForConditionalGeneration`, `T5ForSequenceClassification`, `T5Model`).
 
 use super::Resolved;
-use super::config::Cfg;
+use super::config::{Cfg, T5Config, layer_count, prob, required};
 use super::layers::{
     activation, add, cross_entropy, embedding, layer, linear, push, push_dropout, repeat, t5_norm,
     with_inputs, with_note,
@@ -10,20 +10,22 @@ use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
 
 #[allow(clippy::too_many_lines)] // encoder, decoder and heads, in forward order
+/// Builds T5 as transformers' `modeling_t5.py` does; returns the layers and `n_positions`.
 pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
-    let vocab = cfg.req(&["vocab_size"])?;
-    let d_model = cfg.req(&["d_model", "hidden_size"])?;
-    let d_ff = cfg.req(&["d_ff"])?;
-    let enc_layers = cfg.layers(&["num_layers", "num_hidden_layers"])?;
-    let dec_layers = match cfg.opt_u(&["num_decoder_layers"])? {
+    let c: T5Config = cfg.read()?;
+    let vocab = required!(cfg, c.vocab_size)?;
+    let d_model = required!(cfg, c.d_model)?;
+    let d_ff = required!(cfg, c.d_ff)?;
+    let enc_layers = layer_count!(cfg, c.num_layers)?;
+    let dec_layers = match c.num_decoder_layers {
         None => enc_layers,
-        Some(_) => cfg.layers(&["num_decoder_layers"])?,
+        Some(_) => layer_count!(cfg, c.num_decoder_layers)?,
     };
-    let heads = cfg.req(&["num_heads", "num_attention_heads"])?;
-    let d_kv = cfg.u_or(&["d_kv"], 64)?;
-    let buckets = cfg.u_or(&["relative_attention_num_buckets"], 32)?;
-    let p_drop = cfg.p_or(&["dropout_rate"], 0.1)?;
-    let ff_proj = cfg.s_or(&["feed_forward_proj"], "relu")?;
+    let heads = required!(cfg, c.num_heads)?;
+    let d_kv = c.d_kv.unwrap_or(64);
+    let buckets = c.relative_attention_num_buckets.unwrap_or(32);
+    let p_drop = prob!(cfg, c.dropout_rate, 0.1)?;
+    let ff_proj = c.feed_forward_proj.as_deref().unwrap_or("relu");
     let parts: Vec<&str> = ff_proj.split('-').collect();
     let (gated, act_name) = match parts.as_slice() {
         [act] => (false, *act),
@@ -42,8 +44,8 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     };
     // T5Config always ties the LM head; a config that says `tie_word_embeddings = false`
     // (T5 v1.1) only turns off the decoder-output scaling.
-    let scale_outputs = cfg.b_or("tie_word_embeddings", true)?;
-    let seq = cfg.u_or(&["n_positions"], 512)?;
+    let scale_outputs = cfg.tie(true);
+    let seq = c.n_positions.unwrap_or(512);
     let head_dim = (heads * d_kv != d_model).then_some(d_kv);
 
     let ff = |body: &mut Vec<LayerSpec>, idx: usize, residual: &str| -> Result<String, Error> {
@@ -192,7 +194,7 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
                     ..layer(K::Select, "eos_representation")
                 },
             );
-            let classifier_p = cfg.p_or(&["classifier_dropout"], 0.0)?;
+            let classifier_p = prob!(cfg, c.classifier_dropout, 0.0)?;
             let prev = "eos_representation".to_string();
             push_dropout(&mut out, "classification_head.dropout", classifier_p, prev);
             push(&mut out, linear("classification_head.dense", d_model, true));

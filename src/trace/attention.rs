@@ -139,20 +139,28 @@ impl Tracer<'_> {
                 (kv_src, h_kv, kvd, c.kv_heads, s_kv, "v"),
             ] {
                 let p = self.projection(src, in_f, width, c.bias, train, target)?;
-                // Qwen3 first RMS-normalizes the [B, S, heads, head_dim] view over head_dim;
-                // the heads are then transposed out of that (new, contiguous) output.
-                let (split_src, op) = if c.qk_norm && target != "v" {
-                    let split = self.view_op(
-                        p,
-                        Shape::from([b, len, n, hd]),
-                        Layout::Contiguous,
-                        AtenOp::View,
-                        true,
-                    );
-                    let w = self.param(Shape::from([hd]), train)?;
-                    (self.rms_norm(split, w, RmsStyle::Llama)?, AtenOp::Transpose)
-                } else {
-                    (p, AtenOp::View)
+                let (split_src, op) = match c.qk_norm {
+                    // Qwen3 first RMS-normalizes the [B, S, heads, head_dim] view over
+                    // head_dim; the heads are then transposed out of that (new, contiguous)
+                    // output.
+                    Some(QkNorm::Head) if target != "v" => {
+                        let split = self.view_op(
+                            p,
+                            Shape::from([b, len, n, hd]),
+                            Layout::Contiguous,
+                            AtenOp::View,
+                            true,
+                        );
+                        let w = self.param(Shape::from([hd]), train)?;
+                        (self.rms_norm(split, w, RmsStyle::Llama)?, AtenOp::Transpose)
+                    }
+                    // OLMo-2 normalizes the whole [B, S, heads·head_dim] projection, then
+                    // views the heads out of that output.
+                    Some(QkNorm::Projection) if target != "v" => {
+                        let w = self.param(Shape::from([width]), train)?;
+                        (self.rms_norm(p, w, RmsStyle::Olmo2)?, AtenOp::View)
+                    }
+                    _ => (p, AtenOp::View),
                 };
                 let hv = self.view_op(
                     split_src,
@@ -498,7 +506,7 @@ impl Tracer<'_> {
 
 pub(super) struct AttnCfg {
     pub(super) softmax_f32: bool,
-    pub(super) qk_norm: bool,
+    pub(super) qk_norm: Option<QkNorm>,
     pub(super) position_bias: bool,
     pub(super) sliding_window: Option<u64>,
     pub(super) style: AttnStyle,

@@ -423,6 +423,11 @@ impl Tracer<'_> {
                 let out = self.mul(normed, one_plus)?;
                 self.cast(out, xv.dtype)
             }
+            RmsStyle::Olmo2 => {
+                let normed = self.mul(h, r)?;
+                let out = self.mul(w, normed)?;
+                self.cast(out, xv.dtype)
+            }
         }
     }
 

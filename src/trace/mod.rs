@@ -33,7 +33,7 @@ pub use tape::{
 use crate::dtype::DType;
 use crate::error::{Error, LayerError};
 use crate::graph::{
-    Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op, RmsStyle,
+    Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op, QkNorm, RmsStyle,
 };
 use crate::settings::{AttentionImpl, Device, Quant, Settings};
 use crate::shape::Shape;

@@ -750,7 +750,7 @@ impl Tracer<'_> {
             } => {
                 let cfg = AttnCfg {
                     softmax_f32: false,
-                    qk_norm: false,
+                    qk_norm: None,
                     position_bias: false,
                     sliding_window: None,
                     style: AttnStyle::Transformers,
