@@ -9,5 +9,6 @@ mod hf;
 mod kinds;
 mod llm;
 mod optim;
+mod properties;
 mod reference;
 mod snapshots;
