@@ -102,30 +102,22 @@ impl fmt::Display for Located {
 /// No `source`: the message already includes the error's (`{:#}` chains would repeat it).
 impl std::error::Error for Located {}
 
-/// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
+/// How similar a candidate must be to be suggested: its normalized Damerau-Levenshtein
+/// similarity (1 − edits / longer length, a transposition counting as one edit).
+const MIN_SIMILARITY: f64 = 0.6;
+
+/// The candidate most like `word` (the first of equals), if it is close enough to be a likely
+/// typo: at most 2 edits in 5 characters, 4 in 10 (see [`MIN_SIMILARITY`]).
 #[must_use]
 pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    let limit = (word.len() / 3).max(2);
-    candidates
-        .iter()
-        .map(|c| (levenshtein(word, c), *c))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c)
-}
-
-fn levenshtein(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+    let mut best: Option<(f64, &'a str)> = None;
+    for &c in candidates {
+        let score = strsim::normalized_damerau_levenshtein(word, c);
+        if score >= MIN_SIMILARITY && best.is_none_or(|(b, _)| score > b) {
+            best = Some((score, c));
         }
-        prev = cur;
     }
-    prev[b.len()]
+    best.map(|(_, c)| c)
 }
 
 #[cfg(test)]
@@ -140,5 +132,17 @@ mod tests {
             Some("out_features")
         );
         assert_eq!(nearest("zzzzzz", &["linear", "relu"]), None);
+        assert_eq!(nearest("fc", &["fc1", "fc2"]), Some("fc1"), "the first of equals");
+        assert_eq!(nearest("stide", &["stride", "kernel"]), Some("stride"));
+    }
+
+    #[test]
+    fn nearest_stays_quiet_when_nothing_is_close() {
+        // Levenshtein within max(len/3, 2) suggested all of these.
+        assert_eq!(nearest("x", &["p", "dim"]), None);
+        assert_eq!(nearest("eps", &["p", "tie"]), None);
+        assert_eq!(nearest("gru", &["gelu", "relu"]), None);
+        assert_eq!(nearest("mha", &["mul", "moe"]), None);
+        assert_eq!(nearest("bn", &["ln", "fc1"]), None);
     }
 }
