@@ -132,7 +132,11 @@ mod tests {
             Some("out_features")
         );
         assert_eq!(nearest("zzzzzz", &["linear", "relu"]), None);
-        assert_eq!(nearest("fc", &["fc1", "fc2"]), Some("fc1"), "the first of equals");
+        assert_eq!(
+            nearest("fc", &["fc1", "fc2"]),
+            Some("fc1"),
+            "the first of equals"
+        );
         assert_eq!(nearest("stide", &["stride", "kernel"]), Some("stride"));
     }
 

@@ -117,8 +117,8 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
     table.load_style(presets::UTF8_FULL_CONDENSED);
     table.set_header(vec!["Category", "At peak", "Share", "Step maximum"]);
     for c in Category::ALL {
-        let at = r.at_peak.get(c.key()).copied().unwrap_or(0);
-        let max = r.category_max.get(c.key()).copied().unwrap_or(0);
+        let at = r.at_peak.get(c);
+        let max = r.category_max.get(c);
         let always = matches!(
             c,
             Category::Parameters

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
@@ -13,7 +14,8 @@ use crate::trace::{LayerId, StorageId, StorageKind, Tape};
 
 /// A complete estimate. Every `*_bytes` field is a byte count. The top-level keys from
 /// `param_count` to `layers` are a stable contract for scripts.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Report {
     /// Model name.
     pub model: String,
@@ -65,9 +67,9 @@ pub struct Report {
     /// Layer running at the peak, when there is one.
     pub peak_layer: Option<String>,
     /// What the peak is made of, per category (bytes; they sum to `peak_bytes`).
-    pub at_peak: BTreeMap<&'static str, u64>,
+    pub at_peak: CategoryBytes,
     /// Each category's own maximum during the step.
-    pub category_max: BTreeMap<&'static str, u64>,
+    pub category_max: CategoryBytes,
     /// The budget check, when `--budget` was given.
     pub budget: Option<Budget>,
     /// One entry per layer (layers of repeated blocks once, with `repeat` copies).
@@ -78,7 +80,7 @@ pub struct Report {
     #[serde(flatten)]
     pub search: Option<SearchOutcome>,
     /// Flags or settings that had no effect (left out of the JSON when empty).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<Warning>,
 }
 
@@ -127,8 +129,23 @@ impl Serialize for SearchOutcome {
     }
 }
 
+impl JsonSchema for SearchOutcome {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SearchOutcome".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let size = json_schema!({"type": "integer", "format": "uint64", "minimum": 0});
+        json_schema!({
+            "description": "The largest size that fits the --budget (0 when none does); one of the two keys, with --max-batch or --max-context.",
+            "type": "object",
+            "properties": {"max_batch": size, "max_context": size}
+        })
+    }
+}
+
 /// A flag or setting without effect, reported beside the estimate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Warning {
     /// `--seq` or `--context` on a model whose input has no `"seq"` dimension.
@@ -158,7 +175,8 @@ impl Warning {
 }
 
 /// The precision recipe: the dtypes it fixes and its bytes per parameter.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct RecipeReport {
     /// `fp32`, `bf16`, `fp16`, `amp-bf16`, `amp-fp16`, `mixed-bf16`, `mixed-fp16`,
     /// `mixed-bf16-fp32-grads`, or `pure-<dtype>`.
@@ -183,7 +201,8 @@ pub struct RecipeReport {
 
 /// Bytes per parameter a recipe implies. Optimizer state leaves out per-tensor step counters;
 /// for Adafactor, whose factored state depends on the shapes, it is this model's average.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct BytesPerParam {
     /// The parameter itself.
     #[serde(serialize_with = "number")]
@@ -200,6 +219,38 @@ pub struct BytesPerParam {
     /// The sum.
     #[serde(serialize_with = "number")]
     pub total: f64,
+}
+
+/// The schema of a report as JSON Schema (draft 2020-12): what `--format json` prints, published
+/// as `schema/report.schema.json`.
+#[must_use]
+pub fn json_schema() -> Schema {
+    schemars::schema_for!(Report)
+}
+
+impl JsonSchema for DType {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "DType".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let names: Vec<&str> = DType::ALL.iter().map(|d| d.as_str()).collect();
+        json_schema!({"description": "A PyTorch dtype.", "type": "string", "enum": names})
+    }
+}
+
+impl JsonSchema for Shape {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Shape".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A tensor shape, batch dimension first.",
+            "type": "array",
+            "items": {"type": "integer", "format": "uint64", "minimum": 0}
+        })
+    }
 }
 
 /// Whole numbers as JSON integers (`16`, not `16.0`), others as they are.
@@ -256,7 +307,8 @@ impl RecipeReport {
 }
 
 /// A budget check.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Budget {
     /// The budget in bytes.
     pub budget_bytes: u64,
@@ -267,7 +319,8 @@ pub struct Budget {
 }
 
 /// One layer's figures, summed over its `repeat` copies.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct LayerReport {
     /// Layer name.
     pub name: String,
@@ -289,12 +342,68 @@ pub struct LayerReport {
     pub kept: Vec<String>,
 }
 
-fn category_map(values: &[u64; Category::COUNT]) -> BTreeMap<&'static str, u64> {
-    Category::ALL
-        .iter()
-        .zip(values)
-        .map(|(c, &v)| (c.key(), v))
-        .collect()
+/// Bytes per memory category, in report order (the table's rows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct CategoryBytes {
+    /// [`Category::Parameters`].
+    pub parameters_bytes: u64,
+    /// [`Category::Buffers`].
+    pub buffers_bytes: u64,
+    /// [`Category::Gradients`].
+    pub gradients_bytes: u64,
+    /// [`Category::MasterWeights`].
+    pub master_weights_bytes: u64,
+    /// [`Category::OptimizerState`].
+    pub optimizer_state_bytes: u64,
+    /// [`Category::Activations`].
+    pub activations_bytes: u64,
+    /// [`Category::Temporaries`].
+    pub temporaries_bytes: u64,
+    /// [`Category::Input`].
+    pub input_bytes: u64,
+    /// [`Category::KvCache`].
+    pub kv_cache_bytes: u64,
+}
+
+impl CategoryBytes {
+    /// The bytes of one category.
+    #[must_use]
+    pub const fn get(&self, c: Category) -> u64 {
+        match c {
+            Category::Parameters => self.parameters_bytes,
+            Category::Buffers => self.buffers_bytes,
+            Category::Gradients => self.gradients_bytes,
+            Category::MasterWeights => self.master_weights_bytes,
+            Category::OptimizerState => self.optimizer_state_bytes,
+            Category::Activations => self.activations_bytes,
+            Category::Temporaries => self.temporaries_bytes,
+            Category::Input => self.input_bytes,
+            Category::KvCache => self.kv_cache_bytes,
+        }
+    }
+
+    const fn slot(&mut self, c: Category) -> &mut u64 {
+        match c {
+            Category::Parameters => &mut self.parameters_bytes,
+            Category::Buffers => &mut self.buffers_bytes,
+            Category::Gradients => &mut self.gradients_bytes,
+            Category::MasterWeights => &mut self.master_weights_bytes,
+            Category::OptimizerState => &mut self.optimizer_state_bytes,
+            Category::Activations => &mut self.activations_bytes,
+            Category::Temporaries => &mut self.temporaries_bytes,
+            Category::Input => &mut self.input_bytes,
+            Category::KvCache => &mut self.kv_cache_bytes,
+        }
+    }
+
+    fn from_values(values: &[u64; Category::COUNT]) -> CategoryBytes {
+        let mut bytes = CategoryBytes::default();
+        for (c, &v) in Category::ALL.iter().zip(values) {
+            *bytes.slot(*c) = v;
+        }
+        bytes
+    }
 }
 
 impl Report {
@@ -351,8 +460,8 @@ impl Report {
             peak_bytes: total,
             peak_phase: sim.peak_phase,
             peak_layer: sim.peak_layer.map(|l| tape.layers[l].path.clone()),
-            at_peak: category_map(&sim.at_peak),
-            category_max: category_map(&sim.category_max),
+            at_peak: CategoryBytes::from_values(&sim.at_peak),
+            category_max: CategoryBytes::from_values(&sim.category_max),
             budget: budget.map(|b| Budget {
                 budget_bytes: b,
                 fits: total <= b,
@@ -443,6 +552,21 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn category_bytes_keys_are_the_categories_keys() {
+        let mut values = [0; Category::COUNT];
+        for (i, v) in values.iter_mut().enumerate() {
+            *v = i as u64 + 1;
+        }
+        let bytes = CategoryBytes::from_values(&values);
+        let json = serde_json::to_value(bytes).unwrap();
+        for (i, c) in Category::ALL.iter().enumerate() {
+            assert_eq!(bytes.get(*c), i as u64 + 1);
+            assert_eq!(json[c.key()], i as u64 + 1, "{}", c.key());
+        }
+        assert_eq!(json.as_object().unwrap().len(), Category::COUNT);
+    }
 
     #[test]
     fn bytes_per_param_are_json_numbers() {

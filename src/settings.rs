@@ -19,7 +19,7 @@ use crate::trace::Param;
 /// [`Optimizer::shared_state_bytes`] once per optimizer), temporaries of one step are
 /// [`Optimizer::temporaries_bytes`]. Sources: PyTorch 2.15 `torch/optim/*.py`,
 /// lion-pytorch 0.2.5, timm 1.0.31, bitsandbytes 0.50.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Optimizer {
     /// Plain SGD (`torch.optim.SGD`): no state.
@@ -248,7 +248,7 @@ impl Optimizer {
 }
 
 /// Training step or inference forward pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// One training step: forward, backward, optimizer step.
@@ -258,7 +258,7 @@ pub enum Mode {
 }
 
 /// How attention is computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AttentionImpl {
     /// Matmul, softmax, dropout, matmul: keeps the `[B, heads, S, S]` probabilities.
@@ -269,7 +269,7 @@ pub enum AttentionImpl {
 }
 
 /// Autocast precision (`torch.autocast`) with float32 weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Amp {
     /// `torch.autocast(dtype=torch.bfloat16)`.
@@ -292,7 +292,7 @@ impl Amp {
 /// A named precision recipe (`--recipe`): which dtype the weights, gradients, master weights and
 /// optimizer state take, and whether autocast runs. Tools disagree on what "mixed precision"
 /// costs, so memest names the recipe and prints its bytes per parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum RecipeName {
     /// Everything float32: 4 (weights) + 4 (gradients) + optimizer state in float32.
@@ -429,7 +429,7 @@ fn recipe_name<S: serde::Serializer>(r: &Recipe, s: S) -> Result<S::Ok, S::Error
 }
 
 /// Whose kernels' saved tensors to model. The measured reference figures are CPU runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     /// PyTorch's CPU kernels (dropout keeps a noise tensor in the input's dtype).
@@ -460,7 +460,7 @@ pub struct Overrides {
 
 /// LoRA adapters (`--lora-rank`): the base model is frozen and every targeted linear projection
 /// gets trainable `A: [rank, in]` and `B: [out, rank]` matrices (PEFT's `LoraLayer`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Lora {
     /// Adapter rank r.
     pub rank: u64,
@@ -530,7 +530,7 @@ impl std::str::FromStr for Quant {
 
 /// Weight quantization of linear projections (norms, embeddings and the LM head keep the compute
 /// dtype).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Quant {
     /// bitsandbytes NF4: 4 bits per weight plus a float32 absmax per 64 weights; with double
@@ -551,7 +551,7 @@ pub enum Quant {
 }
 
 /// Fully resolved settings for one estimate.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Settings {
     /// Micro-batch size.
     pub batch: u64,
@@ -580,6 +580,7 @@ pub struct Settings {
     /// The precision recipe: named with `--recipe`, else derived from `dtype` and `amp`.
     /// `dtype` and `amp` always agree with it. Serialized as its name.
     #[serde(serialize_with = "recipe_name")]
+    #[schemars(with = "String")]
     pub recipe: Recipe,
 }
 

@@ -11,4 +11,5 @@ mod llm;
 mod optim;
 mod properties;
 mod reference;
+mod schema;
 mod snapshots;
