@@ -2,16 +2,24 @@
 
 use std::fmt;
 
-/// Anything that stops an estimate.
+use crate::shape::Shape;
+
+/// Anything that stops an estimate. Each variant keeps where the error is (a position in the
+/// file, a layer, a setting, a config field); `Display` writes the message people read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Error {
     /// The file could not be read as a model description (syntax, unknown key, wrong type).
     Spec(SpecError),
+    /// The model as a whole is invalid (an empty or zero input shape, no layers), or cannot be
+    /// written back as a description.
+    Model(String),
     /// A layer is invalid: a missing or inapplicable key, a zero size, an unknown input name,
     /// or a shape mismatch.
     Layer(LayerError),
     /// A setting (from the file's `[defaults]` or a flag) has an invalid value.
-    Setting(String),
+    Setting(SettingError),
+    /// A Hugging Face `config.json` cannot be imported.
+    Hf(HfError),
     /// A size computation overflowed 64 bits.
     Overflow(String),
 }
@@ -33,7 +41,124 @@ pub struct LayerError {
     /// Where the layer is, e.g. `layer #3 "fc2" (linear)` or `layer #5 "blocks" > #2 "attn" (attention)`.
     pub layer: String,
     /// What was wrong.
+    pub kind: LayerErrorKind,
+}
+
+/// What is wrong with a layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayerErrorKind {
+    /// Its description: a missing, inapplicable or out-of-range key, a bad name or reference
+    /// (found when the graph is built).
+    Invalid(String),
+    /// It cannot apply to its input, or to where it sits in the model (found while tracing).
+    Input(String),
+    /// The input has the wrong rank, e.g. a `conv2d` on `[batch, features]`.
+    Rank {
+        /// The input's shape.
+        input: Shape,
+        /// What the layer takes, e.g. `rank 4 [batch, channels, height, width]`.
+        expected: String,
+    },
+    /// One dimension of the input disagrees with the layer's key, e.g. `in_features`.
+    Size {
+        /// The input's shape.
+        input: Shape,
+        /// What the dimension holds: `features`, `channels`.
+        what: &'static str,
+        /// Its size in the input.
+        got: u64,
+        /// The key that fixes it: `in_features`, `in_channels`, `num_features`.
+        key: &'static str,
+        /// The key's value.
+        expected: u64,
+    },
+}
+
+impl fmt::Display for LayerErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayerErrorKind::Invalid(m) | LayerErrorKind::Input(m) => f.write_str(m),
+            LayerErrorKind::Rank { input, expected } => write!(
+                f,
+                "input {input} has rank {}, expected {expected}",
+                input.rank()
+            ),
+            LayerErrorKind::Size {
+                input,
+                what,
+                got,
+                key,
+                expected,
+            } => write!(
+                f,
+                "input {input} has {got} {what}, expected {key} = {expected}"
+            ),
+        }
+    }
+}
+
+/// The setting an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettingKey {
+    /// `--batch`, `defaults.batch`.
+    Batch,
+    /// `--seq`, `--context`, `defaults.seq`.
+    Seq,
+    /// `--mode`, `defaults.mode`.
+    Mode,
+    /// `--optim`, `defaults.optimizer`.
+    Optimizer,
+    /// `--attention`, `defaults.attention`.
+    Attention,
+    /// `--dtype`, `defaults.dtype`.
+    Dtype,
+    /// `--amp`.
+    Amp,
+    /// `--kv-dtype`.
+    KvDtype,
+    /// `--recipe`.
+    Recipe,
+    /// `--lora-rank`, `--lora-targets`.
+    Lora,
+    /// `--head`.
+    Head,
+    /// `--max-batch`, `--max-context`.
+    Search,
+}
+
+/// An invalid setting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingError {
+    /// Which setting.
+    pub key: SettingKey,
+    /// What was wrong.
     pub message: String,
+}
+
+/// A Hugging Face `config.json` that memest cannot import.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HfError {
+    /// The config's `model_type`, once known.
+    pub model_type: Option<String>,
+    /// The field at fault, as a path (`n_embd`, `rope_scaling.factor`), when one is.
+    pub field: Option<String>,
+    /// 1-based line and column in the file, for a field of the wrong type.
+    pub position: Option<(usize, usize)>,
+    /// What was wrong (naming the field, as people read it).
+    pub message: String,
+}
+
+impl fmt::Display for HfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((line, column)) = self.position {
+            write!(f, "{line}:{column}: ")?;
+        }
+        f.write_str("Hugging Face config")?;
+        if let Some(t) = &self.model_type {
+            write!(f, " (model_type {t})")?;
+        }
+        write!(f, ": {}", self.message)
+    }
 }
 
 impl fmt::Display for Error {
@@ -44,8 +169,10 @@ impl fmt::Display for Error {
                 (Some(l), None) => write!(f, "{l}: {}", e.message),
                 _ => f.write_str(&e.message),
             },
-            Error::Layer(e) => write!(f, "{}: {}", e.layer, e.message),
-            Error::Setting(m) => f.write_str(m),
+            Error::Layer(e) => write!(f, "{}: {}", e.layer, e.kind),
+            Error::Setting(e) => f.write_str(&e.message),
+            Error::Hf(e) => e.fmt(f),
+            Error::Model(m) => f.write_str(m),
             Error::Overflow(what) => write!(f, "size overflow: {what} does not fit in 64 bits"),
         }
     }
@@ -54,6 +181,22 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 impl Error {
+    /// An invalid setting.
+    pub fn setting(key: SettingKey, message: impl Into<String>) -> Error {
+        Error::Setting(SettingError {
+            key,
+            message: message.into(),
+        })
+    }
+
+    /// An error in the layer labelled `layer`.
+    pub fn layer(layer: impl Into<String>, kind: LayerErrorKind) -> Error {
+        Error::Layer(LayerError {
+            layer: layer.into(),
+            kind,
+        })
+    }
+
     /// The 1-based line and column this error points at, when it has a position.
     #[must_use]
     pub fn position(&self) -> Option<(usize, Option<usize>)> {
@@ -63,6 +206,10 @@ impl Error {
                 column,
                 ..
             }) => Some((*l, *column)),
+            Error::Hf(HfError {
+                position: Some((l, c)),
+                ..
+            }) => Some((*l, Some(*c))),
             _ => None,
         }
     }
@@ -138,6 +285,73 @@ mod tests {
             "the first of equals"
         );
         assert_eq!(nearest("stide", &["stride", "kernel"]), Some("stride"));
+    }
+
+    #[test]
+    fn located_errors_put_the_origin_first() {
+        let spec = Error::Spec(SpecError {
+            line: Some(3),
+            column: Some(7),
+            message: "unknown key `x`".into(),
+        });
+        assert_eq!(spec.position(), Some((3, Some(7))));
+        assert_eq!(spec.at("m.toml").to_string(), "m.toml:3:7: unknown key `x`");
+        let setting = Error::setting(SettingKey::Batch, "batch size must be at least 1");
+        assert_eq!(setting.position(), None);
+        assert_eq!(
+            setting.at("<stdin>").to_string(),
+            "<stdin>: batch size must be at least 1"
+        );
+    }
+
+    #[test]
+    fn hf_errors_keep_field_and_position() {
+        let e = Error::Hf(HfError {
+            model_type: Some("gpt2".into()),
+            field: Some("n_embd".into()),
+            position: Some((1, 62)),
+            message: "`n_embd`: invalid type: string \"768\", expected u64".into(),
+        });
+        assert_eq!(
+            e.at("c.json").to_string(),
+            "c.json:1:62: Hugging Face config (model_type gpt2): `n_embd`: invalid type: string \"768\", expected u64"
+        );
+        let e = Error::Hf(HfError {
+            model_type: None,
+            field: Some("model_type".into()),
+            position: None,
+            message: "model_type `falcon` is not supported".into(),
+        });
+        assert_eq!(
+            e.to_string(),
+            "Hugging Face config: model_type `falcon` is not supported"
+        );
+    }
+
+    #[test]
+    fn layer_errors_word_their_kind() {
+        let rank = Error::layer(
+            "layer #1 \"c\" (conv2d)",
+            LayerErrorKind::Rank {
+                input: Shape::from([8, 100]),
+                expected: "rank 4 [batch, channels, height, width]".into(),
+            },
+        );
+        assert_eq!(
+            rank.to_string(),
+            "layer #1 \"c\" (conv2d): input [8, 100] has rank 2, expected rank 4 [batch, channels, height, width]"
+        );
+        let size = LayerErrorKind::Size {
+            input: Shape::from([8, 100]),
+            what: "features",
+            got: 100,
+            key: "in_features",
+            expected: 64,
+        };
+        assert_eq!(
+            size.to_string(),
+            "input [8, 100] has 100 features, expected in_features = 64"
+        );
     }
 
     #[test]

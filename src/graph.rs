@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 
 use crate::dtype::DType;
-use crate::error::{Error, LayerError};
+use crate::error::{Error, LayerErrorKind};
 use crate::spec::{DefaultsSpec, DimSpec, LayerKind, LayerSpec, ModelSpec, Pair};
 
 /// A validated model.
@@ -487,20 +487,20 @@ pub const INPUT: &str = "input";
 /// duplicate name, or an input that names no earlier layer.
 pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
     if spec.input.shape.is_empty() {
-        return Err(Error::Setting(
+        return Err(Error::Model(
             "input.shape is empty: give the per-sample shape, e.g. [3, 224, 224] or [\"seq\"]"
                 .into(),
         ));
     }
     for d in &spec.input.shape {
         if *d == DimSpec::Fixed(0) {
-            return Err(Error::Setting(
+            return Err(Error::Model(
                 "input.shape has a zero dimension: every dimension must be positive".into(),
             ));
         }
     }
     if spec.layers.is_empty() {
-        return Err(Error::Setting(
+        return Err(Error::Model(
             "the model has no layers: add at least one [[layers]] entry".into(),
         ));
     }
@@ -541,18 +541,13 @@ fn build_layers(
             name
         });
         if name.is_empty() {
-            return Err(Error::Layer(LayerError {
-                layer: format!("{prefix}layer #{} ({})", i + 1, spec.kind),
-                message: "`name` is empty".into(),
-            }));
+            return Err(Error::layer(
+                format!("{prefix}layer #{} ({})", i + 1, spec.kind),
+                LayerErrorKind::Invalid("`name` is empty".into()),
+            ));
         }
         let label = format!("{prefix}layer #{} \"{name}\" ({})", i + 1, spec.kind);
-        let fail = |message: String| {
-            Error::Layer(LayerError {
-                layer: label.clone(),
-                message,
-            })
-        };
+        let fail = |message: String| Error::layer(label.clone(), LayerErrorKind::Invalid(message));
         if spec.name.as_deref() == Some(INPUT) {
             return Err(fail(format!(
                 "the name `{INPUT}` is reserved for the block's input"

@@ -66,12 +66,18 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
     let mut report = estimate_spec(spec, name, o, query.budget)?;
     if let Some(dimension) = query.search {
         let budget = query.budget.ok_or_else(|| {
-            Error::Setting("--max-batch and --max-context need a --budget".into())
+            Error::setting(
+                error::SettingKey::Search,
+                "--max-batch and --max-context need a --budget",
+            )
         })?;
         let start = match dimension {
             report::Dimension::Batch => report.settings.batch,
             report::Dimension::Context => report.settings.seq.ok_or_else(|| {
-                Error::Setting("--max-context needs a model with a \"seq\" input dimension".into())
+                Error::setting(
+                    error::SettingKey::Search,
+                    "--max-context needs a model with a \"seq\" input dimension",
+                )
             })?,
         };
         let found = search::max_fitting(spec, name, o, budget, dimension, start);
@@ -141,8 +147,9 @@ pub fn load_spec(
         return hf::to_spec(src, head);
     }
     if head != hf::Head::Auto {
-        return Err(Error::Setting(
-            "--head applies only to Hugging Face configs (config.json with `model_type`); this is a memest model file".into(),
+        return Err(Error::setting(
+            error::SettingKey::Head,
+            "--head applies only to Hugging Face configs (config.json with `model_type`); this is a memest model file",
         ));
     }
     spec::parse(src, format)

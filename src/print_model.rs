@@ -9,10 +9,10 @@ use crate::spec::ModelSpec;
 /// Reading the text back gives the same description.
 ///
 /// # Errors
-/// [`Error::Setting`] if the description cannot be written as TOML (it always can).
+/// [`Error::Model`] if the description cannot be written as TOML (it always can).
 pub fn to_toml(spec: &ModelSpec) -> Result<String, Error> {
     let text = toml::to_string(spec)
-        .map_err(|e| Error::Setting(format!("cannot write the model as TOML: {e}")))?;
+        .map_err(|e| Error::Model(format!("cannot write the model as TOML: {e}")))?;
     // Multi-line strings would change if indented; leave such text as it is.
     if text.contains("\"\"\"") || text.contains("'''") {
         return Ok(text);

@@ -7,7 +7,7 @@ use clap::ValueEnum;
 use serde::Serialize;
 
 use crate::dtype::DType;
-use crate::error::Error;
+use crate::error::{Error, SettingKey};
 use crate::spec::DefaultsSpec;
 use crate::trace::Param;
 
@@ -595,11 +595,17 @@ impl Settings {
     pub fn resolve(defaults: &DefaultsSpec, o: &Overrides) -> Result<Settings, Error> {
         let batch = o.batch.or(defaults.batch).unwrap_or(1);
         if batch == 0 {
-            return Err(Error::Setting("batch size must be at least 1".into()));
+            return Err(Error::setting(
+                SettingKey::Batch,
+                "batch size must be at least 1",
+            ));
         }
         let seq = o.seq.or(defaults.seq);
         if seq == Some(0) {
-            return Err(Error::Setting("sequence length must be at least 1".into()));
+            return Err(Error::setting(
+                SettingKey::Seq,
+                "sequence length must be at least 1",
+            ));
         }
         let mode = match o.mode {
             Some(m) => m,
@@ -607,9 +613,12 @@ impl Settings {
                 None | Some("train") => Mode::Train,
                 Some("infer" | "inference" | "eval") => Mode::Infer,
                 Some(other) => {
-                    return Err(Error::Setting(format!(
-                        "defaults.mode: unknown mode `{other}`, expected \"train\" or \"infer\""
-                    )));
+                    return Err(Error::setting(
+                        SettingKey::Mode,
+                        format!(
+                            "defaults.mode: unknown mode `{other}`, expected \"train\" or \"infer\""
+                        ),
+                    ));
                 }
             },
         };
@@ -618,10 +627,13 @@ impl Settings {
             None => match defaults.optimizer.as_deref() {
                 None => Some(Optimizer::Adamw),
                 Some(name) => Some(Optimizer::parse(name).ok_or_else(|| {
-                    Error::Setting(format!(
-                        "defaults.optimizer: unknown optimizer `{name}`, expected one of {}",
-                        Optimizer::ALL.map(Optimizer::as_str).join(", ")
-                    ))
+                    Error::setting(
+                        SettingKey::Optimizer,
+                        format!(
+                            "defaults.optimizer: unknown optimizer `{name}`, expected one of {}",
+                            Optimizer::ALL.map(Optimizer::as_str).join(", ")
+                        ),
+                    )
                 })?),
             },
         };
@@ -631,9 +643,12 @@ impl Settings {
                 None | Some("eager") => AttentionImpl::Eager,
                 Some("flash" | "sdpa") => AttentionImpl::Flash,
                 Some(other) => {
-                    return Err(Error::Setting(format!(
-                        "defaults.attention: unknown attention `{other}`, expected \"eager\" or \"flash\""
-                    )));
+                    return Err(Error::setting(
+                        SettingKey::Attention,
+                        format!(
+                            "defaults.attention: unknown attention `{other}`, expected \"eager\" or \"flash\""
+                        ),
+                    ));
                 }
             },
         };
@@ -648,23 +663,29 @@ impl Settings {
                 };
                 let dtype = o.dtype.or(file_dtype).unwrap_or(DType::Float32);
                 if !dtype.is_float() {
-                    return Err(Error::Setting(format!(
-                        "dtype `{dtype}` is not a floating-point type; parameters need one (e.g. float32, bfloat16)"
-                    )));
+                    return Err(Error::setting(
+                        SettingKey::Dtype,
+                        format!(
+                            "dtype `{dtype}` is not a floating-point type; parameters need one (e.g. float32, bfloat16)"
+                        ),
+                    ));
                 }
                 if o.amp.is_some() && dtype != DType::Float32 {
-                    return Err(Error::Setting(format!(
-                        "--amp keeps float32 weights under autocast; it cannot be combined with --dtype {dtype}"
-                    )));
+                    return Err(Error::setting(
+                        SettingKey::Amp,
+                        format!(
+                            "--amp keeps float32 weights under autocast; it cannot be combined with --dtype {dtype}"
+                        ),
+                    ));
                 }
                 Recipe::derived(dtype, o.amp)
             }
         };
         let dtype = recipe.weights;
         if o.kv_dtype.is_some() && mode == Mode::Train {
-            return Err(Error::Setting(
-                "--kv-dtype sets the inference KV cache: use it with --mode infer or --context"
-                    .into(),
+            return Err(Error::setting(
+                SettingKey::KvDtype,
+                "--kv-dtype sets the inference KV cache: use it with --mode infer or --context",
             ));
         }
         Ok(Settings {
@@ -720,17 +741,23 @@ fn resolve_recipe(name: RecipeName, o: &Overrides) -> Result<Recipe, Error> {
                 recipe.weights
             ),
         };
-        return Err(Error::Setting(format!(
-            "--recipe {r} {why}; it cannot be combined with --amp {amp} (drop one of them)"
-        )));
+        return Err(Error::setting(
+            SettingKey::Recipe,
+            format!(
+                "--recipe {r} {why}; it cannot be combined with --amp {amp} (drop one of them)"
+            ),
+        ));
     }
     if let Some(dtype) = o.dtype
         && dtype != recipe.weights
     {
-        return Err(Error::Setting(format!(
-            "--recipe {r} keeps {} weights; it cannot be combined with --dtype {dtype} (drop one of them)",
-            recipe.weights
-        )));
+        return Err(Error::setting(
+            SettingKey::Recipe,
+            format!(
+                "--recipe {r} keeps {} weights; it cannot be combined with --dtype {dtype} (drop one of them)",
+                recipe.weights
+            ),
+        ));
     }
     Ok(recipe)
 }
@@ -744,6 +771,7 @@ impl fmt::Display for Optimizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::SettingError;
 
     /// The parameters of a small model traced under `o`: a 3×3 convolution ([8, 3, 3, 3] and
     /// [8]), a linear layer of 100,352 weights ([64, 1568] and [64]), a 3-D parameter
@@ -909,7 +937,11 @@ mod tests {
             ..DefaultsSpec::default()
         };
         let err = Settings::resolve(&defaults, &Overrides::default()).unwrap_err();
-        let Error::Setting(msg) = err else {
+        let Error::Setting(SettingError {
+            key: SettingKey::Optimizer,
+            message: msg,
+        }) = err
+        else {
             panic!("{err:?}")
         };
         assert!(
@@ -1031,7 +1063,7 @@ mod tests {
             })
             .unwrap_err();
             match e {
-                Error::Setting(m) => m,
+                Error::Setting(e) if e.key == SettingKey::Recipe => e.message,
                 other => panic!("{other:?}"),
             }
         };

@@ -3,16 +3,16 @@
 //! Every field is an `Option`: transformers writes `null` for many keys it leaves at their
 //! default, and the default often depends on the family (see [`super::DECODERS`]). Unknown keys
 //! are ignored (configs carry dozens memest has no use for). A field of the wrong type is an
-//! [`Error::Spec`] with the field's path and the position serde_json reports, e.g.
+//! [`Error::Hf`] with the field's path and the position serde_json reports, e.g.
 //! `1:62: Hugging Face config (model_type gpt2): \`n_embd\`: invalid type: string "768",
-//! expected u64`; a missing or out-of-range value is an [`Error::Setting`] naming the field.
+//! expected u64`; a missing or out-of-range value is an [`Error::Hf`] naming the field.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::MAX_LAYERS;
-use crate::error::{Error, SpecError};
+use crate::error::{Error, HfError};
 
 /// The fields every family reads: what the model is, its head, its dtype.
 #[derive(Debug, Default, Deserialize)]
@@ -133,9 +133,9 @@ pub(super) struct T5Config {
     pub classifier_dropout: Option<f64>,
 }
 
-/// Reads `text` (a whole `config.json`) as `T`, naming the field path and position on error.
-/// `context` starts the message (`Hugging Face config (model_type llama)`).
-pub(super) fn read<T: DeserializeOwned>(text: &str, context: &str) -> Result<T, Error> {
+/// Reads `text` (a whole `config.json`) as `T`, naming the field path and position on error
+/// (with `model_type` once it is known).
+pub(super) fn read<T: DeserializeOwned>(text: &str, model_type: Option<&str>) -> Result<T, Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -145,15 +145,15 @@ pub(super) fn read<T: DeserializeOwned>(text: &str, context: &str) -> Result<T, 
         let message = full
             .strip_suffix(&format!(" at line {line} column {column}"))
             .unwrap_or(&full);
-        let message = if path == "." {
-            format!("{context}: {message}")
-        } else {
-            format!("{context}: `{path}`: {message}")
-        };
-        Error::Spec(SpecError {
-            line: (line > 0).then_some(line),
-            column: (column > 0).then_some(column),
-            message,
+        let field = (path != ".").then_some(path);
+        Error::Hf(HfError {
+            model_type: model_type.map(str::to_string),
+            message: match &field {
+                Some(path) => format!("`{path}`: {message}"),
+                None => message.to_string(),
+            },
+            field,
+            position: (line > 0 && column > 0).then_some((line, column)),
         })
     })
 }
@@ -167,26 +167,40 @@ pub(super) struct Cfg<'a> {
 }
 
 impl Cfg<'_> {
-    fn context(&self) -> String {
-        format!("Hugging Face config (model_type {})", self.model_type)
-    }
-
     /// An error about this config.
     pub fn err(&self, message: String) -> Error {
-        Error::Setting(format!("{}: {message}", self.context()))
+        Error::Hf(HfError {
+            model_type: Some(self.model_type.to_string()),
+            field: None,
+            position: None,
+            message,
+        })
+    }
+
+    /// An error about one field of this config.
+    pub fn field_err(&self, field: &str, message: String) -> Error {
+        Error::Hf(HfError {
+            model_type: Some(self.model_type.to_string()),
+            field: Some(field.to_string()),
+            position: None,
+            message,
+        })
     }
 
     /// The config's fields for one family.
     pub fn read<T: DeserializeOwned>(&self) -> Result<T, Error> {
-        read(self.text, &self.context())
+        read(self.text, Some(self.model_type))
     }
 
     /// A required size: present and positive.
     pub fn required(&self, key: &str, value: Option<u64>) -> Result<u64, Error> {
         match value {
-            Some(0) => Err(self.err(format!("`{key}` must be positive, got 0"))),
+            Some(0) => Err(self.field_err(key, format!("`{key}` must be positive, got 0"))),
             Some(n) => Ok(n),
-            None => Err(self.err(format!("missing `{key}` (required to build the model)"))),
+            None => Err(self.field_err(
+                key,
+                format!("missing `{key}` (required to build the model)"),
+            )),
         }
     }
 
@@ -195,9 +209,10 @@ impl Cfg<'_> {
     pub fn layers(&self, key: &str, value: Option<u64>) -> Result<u64, Error> {
         let n = self.required(key, value)?;
         if n > MAX_LAYERS {
-            return Err(self.err(format!(
-                "`{key}` = {n} is more layers than memest traces (at most {MAX_LAYERS})"
-            )));
+            return Err(self.field_err(
+                key,
+                format!("`{key}` = {n} is more layers than memest traces (at most {MAX_LAYERS})"),
+            ));
         }
         Ok(n)
     }
@@ -208,14 +223,16 @@ impl Cfg<'_> {
         if (0.0..1.0).contains(&p) {
             Ok(p)
         } else {
-            Err(self.err(format!("`{key}` must be in [0, 1), got {p}")))
+            Err(self.field_err(key, format!("`{key}` must be in [0, 1), got {p}")))
         }
     }
 
     /// `num_labels`, else the length of `id2label`, else transformers' default 2.
     pub fn num_labels(&self) -> Result<u64, Error> {
         match (self.header.num_labels, &self.header.id2label) {
-            (Some(0), _) => Err(self.err("`num_labels` must be positive, got 0".into())),
+            (Some(0), _) => {
+                Err(self.field_err("num_labels", "`num_labels` must be positive, got 0".into()))
+            }
             (Some(n), _) => Ok(n),
             (None, Some(m)) if !m.is_empty() => Ok(m.len() as u64),
             (None, _) => Ok(2),

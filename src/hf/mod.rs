@@ -19,7 +19,7 @@
 use serde_json::Value;
 
 use crate::dtype::DType;
-use crate::error::Error;
+use crate::error::{Error, HfError};
 use crate::spec::{DefaultsSpec, DimSpec, InputSpec, ModelSpec};
 
 mod bert;
@@ -210,24 +210,37 @@ pub fn is_hf_config(value: &Value) -> bool {
     })
 }
 
+/// An import error about `field` of a config whose `model_type` is not known yet.
+fn field_error(field: &str, message: String) -> Error {
+    Error::Hf(HfError {
+        model_type: None,
+        field: Some(field.to_string()),
+        position: None,
+        message,
+    })
+}
+
 /// Builds the memest description of a Hugging Face configuration, given as its JSON text.
 ///
 /// # Errors
-/// [`Error::Spec`] for a field of the wrong type (with the field's path, line and column);
-/// [`Error::Setting`] for an unsupported `model_type` (listing the supported ones), an
+/// [`Error::Hf`] for a field of the wrong type (with the field's path, line and column), an
+/// unsupported `model_type` (listing the supported ones), an
 /// architecture whose head memest does not know, a missing required field (named), an
 /// out-of-range value, or an unsupported activation.
 pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
-    let header: Header = config::read(text, "Hugging Face config")?;
+    let header: Header = config::read(text, None)?;
     let model_type = match &header.model_type {
         Some(t) => t.clone(),
         None => infer_model_type(header.architectures.as_deref())?,
     };
     let family = Family::from_model_type(&model_type).ok_or_else(|| {
-        Error::Setting(format!(
-            "Hugging Face config: model_type `{model_type}` is not supported; supported: {}",
-            supported().join(", ")
-        ))
+        field_error(
+            "model_type",
+            format!(
+                "model_type `{model_type}` is not supported; supported: {}",
+                supported().join(", ")
+            ),
+        )
     })?;
     let arch = header
         .architectures
@@ -255,7 +268,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             None | Some("auto") => {}
             Some(s) => {
                 let d = s.parse::<DType>().ok().filter(|d| d.is_float()).ok_or_else(|| {
-                    Error::Setting(format!("Hugging Face config: `{key}` must name a floating-point dtype (e.g. \"bfloat16\"), got \"{s}\""))
+                    field_error(key, format!("`{key}` must name a floating-point dtype (e.g. \"bfloat16\"), got \"{s}\""))
                 })?;
                 dtype = Some(d);
                 break;
@@ -312,8 +325,8 @@ fn infer_model_type(architectures: Option<&[String]>) -> Result<String, Error> {
         .max_by_key(|(prefix, _)| prefix.len())
         .map(|(_, ty)| ty.to_string())
         .ok_or_else(|| {
-            Error::Setting(format!(
-                "Hugging Face config: no `model_type`, and architecture `{arch}` names no supported family; supported model types: {}",
+            field_error("architectures", format!(
+                "no `model_type`, and architecture `{arch}` names no supported family; supported model types: {}",
                 supported().join(", ")
             ))
         })
@@ -380,14 +393,17 @@ fn resolve_head(
     } else if arch.ends_with("Model") && !arch.contains("For") && !arch.contains("Head") {
         Ok(Resolved::Bare)
     } else {
-        Err(Error::Setting(format!(
-            "Hugging Face config: architecture `{arch}` is not supported for model_type `{model_type}` (known heads: {}, …ForSequenceClassification and the bare …Model); pick a head with --head none|lm|classification",
-            lm_suffixes
-                .iter()
-                .map(|s| format!("…{s}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )))
+        Err(field_error(
+            "architectures",
+            format!(
+                "architecture `{arch}` is not supported for model_type `{model_type}` (known heads: {}, …ForSequenceClassification and the bare …Model); pick a head with --head none|lm|classification",
+                lm_suffixes
+                    .iter()
+                    .map(|s| format!("…{s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ))
     }
 }
 
@@ -472,8 +488,10 @@ mod tests {
 
     #[test]
     fn unsupported_model_type_lists_the_supported_ones() {
-        let Err(Error::Setting(m)) = spec_of(&json!({"model_type": "falcon"}), Head::Auto) else {
-            panic!("expected a setting error")
+        let Err(Error::Hf(HfError { message: m, .. })) =
+            spec_of(&json!({"model_type": "falcon"}), Head::Auto)
+        else {
+            panic!("expected an import error")
         };
         assert!(
             m.contains("falcon") && m.contains("llama") && m.contains("qwen2_moe"),
@@ -485,8 +503,8 @@ mod tests {
     fn missing_field_is_named() {
         let mut c = llama_tiny();
         c.as_object_mut().unwrap().remove("hidden_size");
-        let Err(Error::Setting(m)) = spec_of(&c, Head::Auto) else {
-            panic!("expected a setting error")
+        let Err(Error::Hf(HfError { message: m, .. })) = spec_of(&c, Head::Auto) else {
+            panic!("expected an import error")
         };
         assert!(m.contains("`hidden_size`"), "{m}");
     }
@@ -518,10 +536,10 @@ mod tests {
         let mut c = llama_tiny();
         c.as_object_mut().unwrap().remove("model_type");
         assert!(spec_of(&c, Head::Auto).is_ok());
-        let Err(Error::Setting(m)) =
+        let Err(Error::Hf(HfError { message: m, .. })) =
             spec_of(&json!({"architectures": ["FalconForCausalLM"]}), Head::Auto)
         else {
-            panic!("expected a setting error")
+            panic!("expected an import error")
         };
         assert!(m.contains("FalconForCausalLM"), "{m}");
     }
@@ -530,8 +548,8 @@ mod tests {
     fn unknown_architecture_suggests_head() {
         let mut c = llama_tiny();
         c["architectures"] = json!(["LlamaForTokenClassification"]);
-        let Err(Error::Setting(m)) = spec_of(&c, Head::Auto) else {
-            panic!("expected a setting error")
+        let Err(Error::Hf(HfError { message: m, .. })) = spec_of(&c, Head::Auto) else {
+            panic!("expected an import error")
         };
         assert!(m.contains("--head"), "{m}");
         assert!(spec_of(&c, Head::Lm).is_ok());

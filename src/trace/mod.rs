@@ -31,7 +31,7 @@ pub use tape::{
 };
 
 use crate::dtype::DType;
-use crate::error::{Error, LayerError};
+use crate::error::{Error, LayerErrorKind, SettingKey};
 use crate::graph::{
     Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op, QkNorm, RmsStyle,
 };
@@ -69,7 +69,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         dims.push(match d {
             DimSpec::Fixed(v) => *v,
             DimSpec::Seq => settings.seq.ok_or_else(|| {
-                Error::Setting("the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq".into())
+                Error::setting(SettingKey::Seq, "the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq")
             })?,
         });
     }
@@ -106,20 +106,23 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
             .collect();
         linears.dedup();
         let attention = t.tape.layers.iter().any(|l| l.kind.ends_with("attention"));
-        return Err(Error::Setting(format!(
-            "--lora-targets {} matched no projection; targets are {}linear-layer names or suffixes{}",
-            lora.targets.join(","),
-            if attention {
-                "q, k, v, o (attention projections) and "
-            } else {
-                ""
-            },
-            if linears.is_empty() {
-                " (this model has no linear layers)".to_string()
-            } else {
-                format!(" (this model's: {})", linears.join(", "))
-            }
-        )));
+        return Err(Error::setting(
+            SettingKey::Lora,
+            format!(
+                "--lora-targets {} matched no projection; targets are {}linear-layer names or suffixes{}",
+                lora.targets.join(","),
+                if attention {
+                    "q, k, v, o (attention projections) and "
+                } else {
+                    ""
+                },
+                if linears.is_empty() {
+                    " (this model has no linear layers)".to_string()
+                } else {
+                    format!(" (this model's: {})", linears.join(", "))
+                }
+            ),
+        ));
     }
     if !t.tape.has_loss {
         let v = &t.tape.values[out];
@@ -181,10 +184,7 @@ impl Tracer<'_> {
     }
 
     fn err(&self, message: String) -> Error {
-        Error::Layer(LayerError {
-            layer: self.label.clone(),
-            message,
-        })
+        Error::layer(self.label.clone(), LayerErrorKind::Input(message))
     }
 
     fn training(&self) -> bool {
