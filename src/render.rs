@@ -6,6 +6,7 @@ use comfy_table::{CellAlignment, Table, presets};
 
 use crate::report::Report;
 use crate::sim::Category;
+use crate::spec::LayerKind;
 use crate::units::{UnitSystem, format_bytes};
 
 fn share(part: u64, total: u64) -> String {
@@ -67,7 +68,8 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
         None => write!(out, ", infer")?,
     }
     write!(out, "; ")?;
-    if r.layers.iter().any(|l| l.kind.ends_with("attention")) {
+    let attention = |k| matches!(k, LayerKind::Attention | LayerKind::CrossAttention);
+    if r.layers.iter().any(|l| attention(l.kind)) {
         let attention = match s.attention {
             crate::settings::AttentionImpl::Eager => "eager",
             crate::settings::AttentionImpl::Flash => "flash",
@@ -265,7 +267,7 @@ pub fn per_layer(r: &Report, units: UnitSystem) -> String {
     for l in &r.layers {
         table.add_row(vec![
             l.path.clone(),
-            l.kind.clone(),
+            l.kind.to_string(),
             l.repeat.to_string(),
             l.output_shape.to_string(),
             thousands(l.params),

@@ -10,6 +10,7 @@ use crate::dtype::DType;
 use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::sim::{Category, Phase, Simulation};
+use crate::spec::LayerKind;
 use crate::trace::{LayerId, StorageId, StorageKind, Tape};
 
 /// A complete estimate. Every `*_bytes` field is a byte count. The top-level keys from
@@ -239,6 +240,17 @@ impl JsonSchema for DType {
     }
 }
 
+impl JsonSchema for LayerKind {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LayerKind".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let names: Vec<&str> = LayerKind::ALL.iter().map(|k| k.as_str()).collect();
+        json_schema!({"description": "A layer kind.", "type": "string", "enum": names})
+    }
+}
+
 impl JsonSchema for Shape {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Shape".into()
@@ -326,8 +338,8 @@ pub struct LayerReport {
     pub name: String,
     /// Dotted path through blocks.
     pub path: String,
-    /// Kind.
-    pub kind: String,
+    /// Kind, as named in model files (`linear`, `attention`, …).
+    pub kind: LayerKind,
     /// Number of copies (product of enclosing repeat counts).
     pub repeat: u64,
     /// Output shape of one copy.
@@ -524,11 +536,12 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
     }
     tape.layers
         .iter_enumerated()
-        .skip(1) // the input pseudo-layer
-        .map(|(i, l)| LayerReport {
+        // Every layer but the input pseudo-layer, which has no kind.
+        .filter_map(|(i, l)| l.kind.map(|kind| (i, l, kind)))
+        .map(|(i, l, kind)| LayerReport {
             name: l.name.clone(),
             path: l.path.clone(),
-            kind: l.kind.clone(),
+            kind,
             repeat: l.repeat,
             output_shape: l.output_shape.clone(),
             params: l.params.saturating_mul(l.repeat),

@@ -37,7 +37,7 @@ use crate::graph::{
 };
 use crate::settings::{AttentionImpl, Device, Quant, Settings};
 use crate::shape::Shape;
-use crate::spec::{DimSpec, Pair};
+use crate::spec::{DimSpec, LayerKind, Pair};
 
 /// Upper bound on traced operators (after repeating blocks), so that an absurd `count` is an
 /// error rather than a hang.
@@ -84,7 +84,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
     t.tape.layers.push(LayerInfo {
         path: INPUT.into(),
         name: INPUT.into(),
-        kind: "input".into(),
+        kind: None,
         repeat: 1,
         output_shape: shape.clone(),
         params: 0,
@@ -101,11 +101,16 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
             .tape
             .layers
             .iter()
-            .filter(|l| l.kind == "linear")
+            .filter(|l| l.kind == Some(LayerKind::Linear))
             .map(|l| l.name.as_str())
             .collect();
         linears.dedup();
-        let attention = t.tape.layers.iter().any(|l| l.kind.ends_with("attention"));
+        let attention = t.tape.layers.iter().any(|l| {
+            matches!(
+                l.kind,
+                Some(LayerKind::Attention | LayerKind::CrossAttention)
+            )
+        });
         return Err(Error::setting(
             SettingKey::Lora,
             format!(
@@ -534,7 +539,7 @@ impl Tracer<'_> {
                 let i = self.tape.layers.push_and_get_key(LayerInfo {
                     path: path.to_string(),
                     name: layer.name.clone(),
-                    kind: layer.kind.as_str().to_string(),
+                    kind: Some(layer.kind),
                     repeat,
                     output_shape: Shape::default(),
                     params: 0,

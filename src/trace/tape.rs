@@ -12,6 +12,7 @@ use typed_index_collections::TiVec;
 
 use crate::dtype::DType;
 use crate::shape::Shape;
+use crate::spec::LayerKind;
 
 use super::aten::AtenOp;
 
@@ -153,8 +154,8 @@ pub struct LayerInfo {
     pub path: String,
     /// Layer name.
     pub name: String,
-    /// Kind.
-    pub kind: String,
+    /// Kind; `None` for the input pseudo-layer (index 0).
+    pub kind: Option<LayerKind>,
     /// Copies (product of enclosing repeat counts).
     pub repeat: u64,
     /// Output shape (of one copy).
