@@ -512,3 +512,114 @@ fn broken_pipe_is_not_an_error() {
     assert!(!stderr(&out).contains("panicked"), "{}", describe(&out));
     assert!(matches!(out.status.code(), Some(0)), "{}", describe(&out));
 }
+
+/// Runs memest and returns its `warning:` lines, after checking that it succeeded.
+fn warnings(args: &[&str]) -> Vec<String> {
+    let out = memest(args);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    stderr(&out).lines().map(str::to_string).collect()
+}
+
+#[test]
+fn flags_without_effect_are_warned_about() {
+    assert_eq!(
+        warnings(&[MLP, "--seq", "128"]),
+        [
+            "warning: --seq/--context set no length: the input of examples/mlp.toml has no \"seq\" dimension"
+        ]
+    );
+    assert_eq!(
+        warnings(&[MLP, "--checkpoint"]),
+        [
+            "warning: --checkpoint has no effect: examples/mlp.toml has no repeated blocks to checkpoint"
+        ]
+    );
+    assert_eq!(
+        warnings(&[MLP, "--double-quant", "false"]),
+        ["warning: --group-size and --double-quant apply only to --dtype int4 and nf4"]
+    );
+    // All three, in this order.
+    assert_eq!(
+        warnings(&[MLP, "--context", "64", "--group-size", "64", "--checkpoint"]).len(),
+        3
+    );
+}
+
+#[test]
+fn flags_with_effect_are_not_warned_about() {
+    for args in [
+        &["examples/gpt2.toml", "--checkpoint", "--seq", "64"][..],
+        &[
+            "examples/llama_tiny.toml",
+            "--dtype",
+            "int4",
+            "--group-size",
+            "64",
+        ],
+        &[
+            "examples/llama_tiny.toml",
+            "--dtype",
+            "nf4",
+            "--double-quant",
+            "false",
+        ],
+    ] {
+        assert_eq!(warnings(args), Vec::<String>::new(), "{args:?}");
+    }
+}
+
+#[test]
+fn json_lists_warnings_by_code_only_when_there_are_some() {
+    let v = report(&[MLP]);
+    assert!(v.get("warnings").is_none(), "{v:#}");
+    let out = memest(&[MLP, "--seq", "8", "--checkpoint", "--format", "json"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["warnings"],
+        serde_json::json!(["seq_without_seq_dim", "checkpoint_without_blocks"])
+    );
+}
+
+#[test]
+fn quantization_options_reach_the_estimate() {
+    let params = |args: &[&str]| {
+        let mut all = vec!["examples/llama_tiny.toml"];
+        all.extend_from_slice(args);
+        u(&report(&all), "parameters_bytes")
+    };
+    // Smaller groups mean more scales and zero points; no double quantization means float32
+    // absmax values instead of 8-bit ones.
+    assert!(params(&["--dtype", "int4", "--group-size", "32"]) > params(&["--dtype", "int4"]));
+    assert_eq!(
+        params(&["--dtype", "int4", "--group-size", "128"]),
+        params(&["--dtype", "int4"])
+    );
+    assert!(params(&["--dtype", "nf4", "--double-quant", "false"]) > params(&["--dtype", "nf4"]));
+    assert_eq!(
+        params(&["--dtype", "nf4", "--double-quant", "true"]),
+        params(&["--dtype", "NF4"])
+    );
+}
+
+#[test]
+fn the_library_runs_a_query_like_the_command_line() {
+    let src = std::fs::read_to_string(path("examples/llama_tiny.toml")).unwrap();
+    let spec = memest::load_spec(&src, memest::spec::Format::Toml, memest::hf::Head::Auto).unwrap();
+    let query = memest::Query {
+        budget: Some(1 << 30),
+        search: Some(memest::report::Dimension::Batch),
+        ..memest::Query::default()
+    };
+    let r = memest::run(&spec, "llama_tiny", &query).unwrap();
+    let found = r.search.unwrap();
+    assert_eq!(found.largest, Some(r.settings.batch));
+    let cli = report(&[
+        "examples/llama_tiny.toml",
+        "--budget",
+        "1GiB",
+        "--max-batch",
+    ]);
+    assert_eq!(u(&cli, "max_batch"), r.settings.batch);
+    assert_eq!(u(&cli, "total_bytes"), r.total_bytes);
+}

@@ -352,3 +352,79 @@ fn json_top_level_array_gets_a_clear_message() {
     assert!(!err.contains("expected a string"), "{err}");
     assert!(!err.contains("ModelSpec"), "{err}");
 }
+
+/// The library's errors say where they come from, as data.
+mod typed {
+    use memest::error::{Error, HfError, LayerErrorKind, SettingKey};
+    use memest::settings::Overrides;
+    use memest::spec::Format;
+
+    fn estimate(src: &str, format: Format, o: &Overrides) -> Error {
+        memest::estimate(src, format, "m", o, None).unwrap_err()
+    }
+
+    #[test]
+    fn a_bad_flag_is_a_setting_error_naming_the_setting() {
+        let o = Overrides {
+            batch: Some(0),
+            ..Overrides::default()
+        };
+        let src = "[input]\nshape = [4]\n[[layers]]\nkind = \"relu\"\n";
+        let Error::Setting(e) = estimate(src, Format::Toml, &o) else {
+            panic!("expected a setting error")
+        };
+        assert_eq!(e.key, SettingKey::Batch);
+        assert_eq!(e.message, "batch size must be at least 1");
+    }
+
+    #[test]
+    fn a_model_without_layers_is_a_model_error() {
+        let src = "layers = []\n[input]\nshape = [4]\n";
+        let e = estimate(src, Format::Toml, &Overrides::default());
+        assert!(matches!(e, Error::Model(_)), "{e:?}");
+        assert_eq!(e.position(), None);
+    }
+
+    #[test]
+    fn a_layer_error_names_the_layer() {
+        let src = "[input]\nshape = [4]\n[[layers]]\nkind = \"linear\"\nname = \"fc\"\nout_features = 0\n";
+        let Error::Layer(e) = estimate(src, Format::Toml, &Overrides::default()) else {
+            panic!("expected a layer error")
+        };
+        assert_eq!(e.layer, "layer #1 \"fc\" (linear)");
+        assert!(matches!(e.kind, LayerErrorKind::Invalid(_)), "{e:?}");
+    }
+
+    #[test]
+    fn a_syntax_error_has_a_position_and_the_origin_goes_first() {
+        let e = estimate("[input]\nshape = [4\n", Format::Toml, &Overrides::default());
+        let (line, _) = e.position().expect("a position");
+        assert_eq!(line, 2);
+        let shown = e.clone().at("m.toml").to_string();
+        assert!(shown.starts_with("m.toml:2:"), "{shown}");
+    }
+
+    #[test]
+    fn a_hugging_face_error_names_the_field() {
+        let src = r#"{"model_type": "llama", "num_hidden_layers": 2, "vocab_size": 100}"#;
+        let e = estimate(src, Format::Json, &Overrides::default());
+        let Error::Hf(HfError {
+            model_type, field, ..
+        }) = &e
+        else {
+            panic!("expected an import error: {e:?}")
+        };
+        assert_eq!(model_type.as_deref(), Some("llama"));
+        assert_eq!(field.as_deref(), Some("hidden_size"), "{e}");
+        let typed = r#"{"model_type": "gpt2", "n_embd": "768"}"#;
+        let e = estimate(typed, Format::Json, &Overrides::default());
+        let Error::Hf(HfError {
+            field, position, ..
+        }) = &e
+        else {
+            panic!("expected an import error: {e:?}")
+        };
+        assert_eq!(field.as_deref(), Some("n_embd"));
+        assert!(position.is_some(), "{e}");
+    }
+}
