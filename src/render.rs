@@ -272,7 +272,11 @@ pub fn per_layer(r: &Report, units: UnitSystem) -> String {
             l.output_shape.to_string(),
             thousands(l.params),
             format_bytes(l.activation_bytes, units),
-            l.kept.join("\n"),
+            l.kept
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
         ]);
     }
     for i in [2, 4, 5] {

@@ -351,7 +351,7 @@ pub struct LayerReport {
     /// Bytes saved for backward first by this layer, all copies.
     pub activation_bytes: u64,
     /// What one copy keeps, e.g. `input f32 [8, 64, 56, 56]`.
-    pub kept: Vec<String>,
+    pub kept: Vec<Kept>,
 }
 
 /// Bytes per memory category, in report order (the table's rows).
@@ -497,10 +497,64 @@ impl Report {
     }
 }
 
+/// A tensor one copy of a layer keeps for backward. Serialized as its `Display` text,
+/// e.g. `input f32 [8, 64, 56, 56] ×2`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// What it is: `input` (the layer's input), `checkpointed block input`, or the operator
+    /// output's name (`softmax output`, `dropout mask`, …).
+    pub what: &'static str,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Shape,
+    /// How many such tensors one copy keeps.
+    pub copies: u64,
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.what, self.dtype.short(), self.shape)?;
+        if self.copies > 1 {
+            write!(f, " ×{}", self.copies)?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Kept {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl JsonSchema for Kept {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Kept".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A tensor one copy of the layer keeps: what it is, its dtype and shape, and ×N when it keeps N alike, e.g. `input f32 [8, 64, 56, 56] ×2`.",
+            "type": "string"
+        })
+    }
+}
+
 fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
-    // What each layer keeps, from the storages it is the first to save (first copy's labels).
-    let mut kept: TiVec<LayerId, BTreeMap<String, u64>> =
+    // What each layer keeps, from the storages it is the first to save (first copy's labels),
+    // ordered by their text, with how many of each all copies keep.
+    let mut kept: TiVec<LayerId, BTreeMap<String, (Kept, u64)>> =
         ti_vec![BTreeMap::new(); tape.layers.len()];
+    let mut keep = |layer: LayerId, what: &'static str, dtype: DType, shape: &Shape| {
+        let k = Kept {
+            what,
+            dtype,
+            shape: shape.clone(),
+            copies: 1,
+        };
+        kept[layer].entry(k.to_string()).or_insert((k, 0)).1 += 1;
+    };
     let mut seen: TiVec<StorageId, bool> = ti_vec![false; tape.storages.len()];
     if sim.saved_bytes > 0 {
         for step in tape.steps.iter().filter(|s| s.segment.is_none()) {
@@ -515,22 +569,14 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
                 } else {
                     "input"
                 };
-                *kept[step.layer]
-                    .entry(format!("{what} {} {}", st.dtype.short(), st.shape))
-                    .or_insert(0) += 1;
+                keep(step.layer, what, st.dtype, &st.shape);
             }
         }
         for seg in &tape.segments {
             let st = &tape.storages[seg.input];
             if !seen[seg.input] {
                 seen[seg.input] = true;
-                *kept[st.layer]
-                    .entry(format!(
-                        "checkpointed block input {} {}",
-                        st.dtype.short(),
-                        st.shape
-                    ))
-                    .or_insert(0) += 1;
+                keep(st.layer, "checkpointed block input", st.dtype, &st.shape);
             }
         }
     }
@@ -548,14 +594,10 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
             parameter_bytes: l.parameter_bytes.saturating_mul(l.repeat),
             activation_bytes: sim.saved_by_layer[i],
             kept: kept[i]
-                .iter()
-                .map(|(k, &n)| {
-                    let per_copy = n / l.repeat.max(1);
-                    if per_copy > 1 {
-                        format!("{k} ×{per_copy}")
-                    } else {
-                        k.clone()
-                    }
+                .values()
+                .map(|(k, n)| Kept {
+                    copies: (n / l.repeat.max(1)).max(1),
+                    ..k.clone()
                 })
                 .collect(),
         })
