@@ -265,6 +265,10 @@ pub enum Op {
         /// The rotated part is joined to the pass-through part with `torch.cat` (Phi-3's and
         /// partial-rotary code), which makes Q and K contiguous `[B, heads, S, head_dim]`.
         concat: bool,
+        /// `cos`/`sin` stay float32 whatever the activation dtype (OLMo-2's
+        /// `Olmo2RotaryEmbedding` returns them uncast): `apply_rotary_pos_emb` then computes in
+        /// float32 and casts Q and K back (`q_embed.to(q_type)`).
+        tables_f32: bool,
     },
     /// A free parameter tensor of the given shape joined to the activations.
     Parameter {
@@ -806,7 +810,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             }
         }
         K::Rotary => {
-            check_keys(s, &["head_dim", "concat"])?;
+            check_keys(s, &["head_dim", "concat", "tables_f32"])?;
             let head_dim = positive(s.head_dim, "head_dim")?;
             if head_dim % 2 != 0 {
                 return Err(format!(
@@ -816,6 +820,7 @@ fn build_op(s: &LayerSpec) -> Result<Op, String> {
             Op::Rotary {
                 head_dim,
                 concat: s.concat.unwrap_or(false),
+                tables_f32: s.tables_f32.unwrap_or(false),
             }
         }
         K::Parameter => {

@@ -301,6 +301,10 @@ pub struct LayerSpec {
     // rotary
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concat: Option<bool>,
+    /// The rotary `cos`/`sin` tables stay float32 (OLMo-2's rotary embedding does not cast them
+    /// to the activation dtype): Q and K are rotated in float32 and cast back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tables_f32: Option<bool>,
     // scale
     #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,
@@ -593,6 +597,7 @@ impl LayerSpec {
             sliding_window,
             factor,
             concat,
+            tables_f32,
             start,
             length,
             softmax_f32

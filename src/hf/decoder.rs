@@ -57,6 +57,9 @@ pub(super) struct DecoderFamily {
     pub embed_scale: bool,
     /// `apply_rotary_pos_emb` joins the rotated and pass-through parts with `torch.cat` (Phi-3).
     pub rotary_concat: bool,
+    /// The rotary embedding returns float32 `cos`/`sin` and `apply_rotary_pos_emb` casts Q and
+    /// K back (OLMo-2; Llama casts the tables to the activation dtype).
+    pub rotary_f32: bool,
     /// Which layers attend through a sliding window.
     pub sliding: Sliding,
     /// Which layers are a mixture of experts.
@@ -360,6 +363,7 @@ pub(super) fn decoder(
         LayerSpec {
             head_dim: Some(rotary_dim),
             concat: row.rotary_concat.then_some(true),
+            tables_f32: row.rotary_f32.then_some(true),
             ..layer(K::Rotary, &p("rotary_emb"))
         },
     );

@@ -61,6 +61,7 @@ const LLAMA: DecoderFamily = DecoderFamily {
     qk_norm: QkNorm::None,
     embed_scale: false,
     rotary_concat: false,
+    rotary_f32: false,
     sliding: Sliding::None,
     moe: Moe::None,
 };
@@ -160,6 +161,7 @@ const DECODERS: &[DecoderFamily] = &[
         norm: Norm::Olmo2,
         placement: NormPlacement::Post,
         qk_norm: QkNorm::Projection,
+        rotary_f32: true,
         ..LLAMA
     },
 ];
@@ -553,5 +555,44 @@ mod tests {
         };
         assert!(m.contains("--head"), "{m}");
         assert!(spec_of(&c, Head::Lm).is_ok());
+    }
+
+    #[test]
+    fn the_family_table_names_each_family_once() {
+        let types = supported();
+        let mut unique = types.clone();
+        unique.dedup();
+        assert_eq!(types, unique);
+        assert_eq!(types.len(), DECODERS.len() + OTHERS.len());
+        for d in DECODERS {
+            assert_eq!(
+                infer_model_type(Some(&[format!("{}ForCausalLM", d.arch_prefix)])).unwrap(),
+                d.model_type
+            );
+        }
+    }
+
+    #[test]
+    fn architecture_prefixes_take_the_longest_match_and_no_digit_after_it() {
+        let infer = |arch: &str| infer_model_type(Some(&[arch.to_string()])).ok();
+        assert_eq!(infer("Qwen2MoeForCausalLM").as_deref(), Some("qwen2_moe"));
+        assert_eq!(infer("Qwen2ForCausalLM").as_deref(), Some("qwen2"));
+        assert_eq!(infer("Olmo2ForCausalLM").as_deref(), Some("olmo2"));
+        assert_eq!(infer("T5ForConditionalGeneration").as_deref(), Some("t5"));
+        assert_eq!(infer("Gemma2ForCausalLM"), None);
+        assert_eq!(infer("OlmoForCausalLM"), None);
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_names_its_path_and_position() {
+        let text = "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": \"x\"\n}";
+        let Err(Error::Spec(e)) = to_spec(text, Head::Auto) else {
+            panic!("expected a spec error")
+        };
+        assert_eq!((e.line, e.column), (Some(3), Some(20)));
+        assert_eq!(
+            e.message,
+            "Hugging Face config (model_type llama): `hidden_size`: invalid type: string \"x\", expected u64"
+        );
     }
 }

@@ -174,13 +174,10 @@ impl Tracer<'_> {
             (heads[0], heads[1], heads[2])
         };
         let (q, k) = if c.rotary {
-            let (cos, sin, concat) = self.rope.ok_or_else(|| {
+            let rope = self.rope.ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
             })?;
-            (
-                self.rope_apply(q, cos, sin, concat)?,
-                self.rope_apply(k, cos, sin, concat)?,
-            )
+            (self.rope_apply(q, rope)?, self.rope_apply(k, rope)?)
         } else {
             (q, k)
         };
@@ -299,17 +296,31 @@ impl Tracer<'_> {
 
     /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
     /// shared `cos`/`sin` tables; the result is a new tensor in the input's (dense) layout.
-    pub(super) fn rope_apply(
-        &mut self,
-        t: ValueId,
-        cos: StorageId,
-        sin: StorageId,
-        concat: bool,
-    ) -> Result<ValueId, Error> {
+    /// With float32 tables and a 16-bit `q` (OLMo-2) the products and their sum are float32
+    /// temporaries, and the result is cast back to `q`'s dtype.
+    pub(super) fn rope_apply(&mut self, t: ValueId, rope: Rope) -> Result<ValueId, Error> {
+        let Rope {
+            cos,
+            sin,
+            concat,
+            tables_f32,
+        } = rope;
         let tv = self.val(t).clone();
+        let wide = if tables_f32 {
+            promote(tv.dtype, DType::Float32)
+        } else {
+            tv.dtype
+        };
         let mut allocs = Vec::new();
-        for what in ["q*cos", "rotate_half", "rotate_half*sin"] {
-            allocs.push(self.storage(&tv.shape, tv.dtype, StorageKind::Activation, what)?);
+        for (what, dt) in [
+            ("q*cos", wide),
+            ("rotate_half", tv.dtype),
+            ("rotate_half*sin", wide),
+        ] {
+            allocs.push(self.storage(&tv.shape, dt, StorageKind::Activation, what)?);
+        }
+        if wide != tv.dtype {
+            allocs.push(self.storage(&tv.shape, wide, StorageKind::Activation, "rotated sum")?);
         }
         // Elementwise results keep a dense input's layout and the dimension order of a strided
         // one; `torch.cat` allocates a contiguous result.

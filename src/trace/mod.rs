@@ -157,7 +157,7 @@ struct Tracer<'a> {
     /// Embedding weights by layer name, for `tie`.
     embeddings: HashMap<String, ValueId>,
     /// `cos` and `sin` tables from the last rotary layer.
-    rope: Option<(StorageId, StorageId, bool)>,
+    rope: Option<Rope>,
     cur_layer: LayerId,
     segment: Option<SegmentId>,
     label: String,
@@ -603,6 +603,17 @@ fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
         };
     }
     Some(Shape::new(out))
+}
+
+/// The rotary tables of the model's `rotary` layer, as its attention layers use them.
+#[derive(Clone, Copy, Debug)]
+struct Rope {
+    cos: StorageId,
+    sin: StorageId,
+    /// Joined with `torch.cat` (see `Op::Rotary`).
+    concat: bool,
+    /// Float32 tables whatever the activation dtype (OLMo-2): rotated in float32, cast back.
+    tables_f32: bool,
 }
 
 /// Type promotion of two float dtypes (the wider wins).

@@ -385,7 +385,11 @@ impl Tracer<'_> {
                     "token type embeddings",
                 )
             }
-            Op::Rotary { head_dim, concat } => {
+            Op::Rotary {
+                head_dim,
+                concat,
+                tables_f32,
+            } => {
                 let (_, seq, _) = self.bsh(&xv)?;
                 let half = head_dim / 2;
                 let bdt = self.param_dtype();
@@ -393,7 +397,7 @@ impl Tracer<'_> {
                 self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
                 // cos and sin, [1, S, head_dim] in the activation dtype, shared by every layer.
                 let table = Shape::from([1, seq, *head_dim]);
-                let dt = if self.s.amp.is_some() {
+                let dt = if self.s.amp.is_some() || *tables_f32 {
                     DType::Float32
                 } else {
                     self.act_dtype()
@@ -406,7 +410,12 @@ impl Tracer<'_> {
                     ..self.blank()
                 });
                 self.tape.held.extend([cos, sin]);
-                self.rope = Some((cos, sin, *concat));
+                self.rope = Some(Rope {
+                    cos,
+                    sin,
+                    concat: *concat,
+                    tables_f32: *tables_f32,
+                });
                 Ok(x)
             }
             Op::Parameter { shape, combine } => {

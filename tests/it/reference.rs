@@ -14,6 +14,9 @@
 //! outside `../shared/groundtruth` (other torchvision CNNs, T5, Mixtral, autocast and inference
 //! runs), defined in `tools/extra_cases.json` and measured with the same `measure.py`, so that
 //! the per-operator rules are checked on models they were not written against.
+//!
+//! A third set, `hf-cases-cli.json` / `hf-reference.json` (tiny Hugging Face configs, one per
+//! family, `tools/hf_cases.json`), runs through the same harness from `tests/it/hf.rs`.
 
 use std::fmt::Write as _;
 
@@ -38,7 +41,7 @@ enum Check {
 }
 
 /// One compared figure of one case.
-struct Row {
+pub(crate) struct Row {
     case: String,
     field: &'static str,
     memest: u64,
@@ -75,18 +78,24 @@ fn get_u64(v: &Value, pointer: &str, case: &str) -> u64 {
 }
 
 /// A set of measured cases: how each is asked of memest, and the measurements.
-struct Set {
+pub(crate) struct Set {
     cli: &'static str,
     reference: &'static str,
     min_cases: usize,
 }
 
-const SHARED: Set = Set {
+pub(crate) const SHARED: Set = Set {
     cli: "tests/data/cases-cli.json",
     reference: "tests/data/reference.json",
     min_cases: 13,
 };
-const EXTRA: Set = Set {
+/// Tiny Hugging Face configs of each family (`tools/hf_cases.json`), run from `tests/it/hf.rs`.
+pub(crate) const HF: Set = Set {
+    cli: "tests/data/hf-cases-cli.json",
+    reference: "tests/data/hf-reference.json",
+    min_cases: 11,
+};
+pub(crate) const EXTRA: Set = Set {
     cli: "tests/data/extra-cases-cli.json",
     reference: "tests/data/extra-reference.json",
     min_cases: 6,
@@ -97,7 +106,8 @@ fn cases() -> Vec<(String, Vec<String>, Value)> {
     cases_in(&SHARED)
 }
 
-fn cases_in(set: &Set) -> Vec<(String, Vec<String>, Value)> {
+/// The cases of `set`: (id, memest arguments, reference record).
+pub(crate) fn cases_in(set: &Set) -> Vec<(String, Vec<String>, Value)> {
     let cli = load(set.cli);
     let refs = load(set.reference);
     let refs = refs.as_array().expect("reference.json is an array");
@@ -132,8 +142,8 @@ fn peak_allowance(allowances: &Value, id: &str) -> f64 {
         .unwrap_or_else(|| panic!("{PEAK_ALLOWANCE} has no allowance for case {id}"))
 }
 
-fn compare_set(set: &Set) -> Vec<Row> {
-    let allowances = load(PEAK_ALLOWANCE);
+/// Runs memest on every case of `set` and lists every compared figure.
+pub(crate) fn compare_set(set: &Set) -> Vec<Row> {
     let cases = cases_in(set);
     assert!(
         cases.len() >= set.min_cases,
@@ -142,8 +152,14 @@ fn compare_set(set: &Set) -> Vec<Row> {
         set.cli,
         cases.len()
     );
+    compare_cases(&cases)
+}
+
+/// Runs memest on each `(id, arguments, reference record)` and lists every compared figure.
+pub(crate) fn compare_cases(cases: &[(String, Vec<String>, Value)]) -> Vec<Row> {
+    let allowances = load(PEAK_ALLOWANCE);
     let mut rows = Vec::new();
-    for (id, args, r) in &cases {
+    for (id, args, r) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let est = report(&args);
         let mut row = |field, memest, measured, check| {
@@ -243,7 +259,8 @@ fn figures(rows: &[Row]) -> String {
     s
 }
 
-fn snapshot(name: &str, rows: &[Row]) {
+/// Pins every figure of `rows` to the byte (`tests/it/snapshots/{name}.snap`).
+pub(crate) fn snapshot(name: &str, rows: &[Row]) {
     let mut settings = insta::Settings::clone_current();
     settings.set_prepend_module_to_snapshot(false);
     settings.set_omit_expression(true);
@@ -272,7 +289,7 @@ fn models_outside_the_reference_match_our_measurements() {
 #[test]
 fn peak_allowances_match_the_cases() {
     let allowances = load(PEAK_ALLOWANCE);
-    let mut ids: Vec<String> = [&SHARED, &EXTRA]
+    let mut ids: Vec<String> = [&SHARED, &EXTRA, &HF]
         .iter()
         .flat_map(|set| cases_in(set).into_iter().map(|(id, _, _)| id))
         .collect();
@@ -288,7 +305,8 @@ fn peak_allowances_match_the_cases() {
     assert_eq!(named, ids);
 }
 
-fn assert_all_ok(rows: &[Row]) {
+/// Fails, with the whole table, if a figure is outside its tolerance.
+pub(crate) fn assert_all_ok(rows: &[Row]) {
     let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok()).collect();
     let names: Vec<String> = failed
         .iter()
@@ -315,7 +333,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-fn assert_medians(rows: &[Row]) {
+/// Fails if the median errors of `rows` exceed the set-wide limits.
+pub(crate) fn assert_medians(rows: &[Row]) {
     let abs_errs = |field: &str| -> Vec<f64> {
         rows.iter()
             .filter(|r| r.field == field)
