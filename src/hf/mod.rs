@@ -586,13 +586,14 @@ mod tests {
     #[test]
     fn a_field_of_the_wrong_type_names_its_path_and_position() {
         let text = "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": \"x\"\n}";
-        let Err(Error::Spec(e)) = to_spec(text, Head::Auto) else {
-            panic!("expected a spec error")
+        let Err(Error::Hf(e)) = to_spec(text, Head::Auto) else {
+            panic!("expected a Hugging Face config error")
         };
-        assert_eq!((e.line, e.column), (Some(3), Some(20)));
+        assert_eq!(e.position, Some((3, 20)));
+        assert_eq!(e.field.as_deref(), Some("hidden_size"));
         assert_eq!(
             e.message,
-            "Hugging Face config (model_type llama): `hidden_size`: invalid type: string \"x\", expected u64"
+            "`hidden_size`: invalid type: string \"x\", expected u64"
         );
     }
 }
