@@ -217,11 +217,13 @@ impl Tracer<'_> {
         kind: StorageKind,
         what: &'static str,
     ) -> Result<StorageId, Error> {
-        let numel = checked(shape.numel(), &format!("the element count of {shape}"))?;
-        let bytes = checked(
-            dtype.bytes_for(numel),
-            &format!("the bytes of a {dtype} tensor of shape {shape}"),
-        )?;
+        // The messages are built only on overflow: this runs for every storage traced.
+        let numel = shape
+            .numel()
+            .ok_or_else(|| Error::Overflow(format!("the element count of {shape}")))?;
+        let bytes = dtype.bytes_for(numel).ok_or_else(|| {
+            Error::Overflow(format!("the bytes of a {dtype} tensor of shape {shape}"))
+        })?;
         Ok(self.tape.storages.push_and_get_key(Storage {
             bytes,
             kind,
@@ -616,12 +618,21 @@ struct Rope {
     tables_f32: bool,
 }
 
-/// Type promotion of two float dtypes (the wider wins).
+/// Type promotion of the operands of a binary elementwise operator (`torch.result_type` for
+/// two tensors of the same dimensionality): a float beats an integer, the wider float wins, and
+/// `bfloat16` with `float16` gives `float32` (c10's `promoteTypes` table: neither holds the
+/// other's range and precision).
 fn promote(a: DType, b: DType) -> DType {
     if a == b {
         a
     } else if a.is_float() && b.is_float() {
-        if a.bits() >= b.bits() { a } else { b }
+        if a.bits() == 16 && b.bits() == 16 {
+            DType::Float32
+        } else if a.bits() >= b.bits() {
+            a
+        } else {
+            b
+        }
     } else if a.is_float() {
         a
     } else {
@@ -644,5 +655,18 @@ mod tests {
             Some(Shape::from([4, 3]))
         );
         assert_eq!(broadcast(&Shape::from([4, 3]), &Shape::from([2])), None);
+    }
+
+    #[test]
+    fn promotion_follows_pytorch() {
+        use DType::{Bfloat16, Float16, Float32, Float64, Int64};
+        // torch.result_type(torch.ones(1, dtype=a), torch.ones(1, dtype=b))
+        assert_eq!(promote(Bfloat16, Float16), Float32);
+        assert_eq!(promote(Float16, Bfloat16), Float32);
+        assert_eq!(promote(Bfloat16, Bfloat16), Bfloat16);
+        assert_eq!(promote(Bfloat16, Float32), Float32);
+        assert_eq!(promote(Float64, Float16), Float64);
+        assert_eq!(promote(Int64, Float16), Float16);
+        assert_eq!(promote(Bfloat16, Int64), Bfloat16);
     }
 }
