@@ -4,6 +4,13 @@
 //! it (`addmm`, `native_layer_norm`, `_softmax`, …), or, for a few module programs that PyTorch
 //! runs as several small operators memest does not trace one by one, a composite named after the
 //! Python code it stands for (`rotary`, `repeat_kv`). [`AtenOp::name`] gives the ATen name.
+//!
+//! [`AtenOp::spec`] is the one table of what each operator's backward reads, and so what autograd
+//! saves: [`Tracer::call`](super::Call) applies it. The rules follow PyTorch's
+//! `tools/autograd/derivatives.yaml`: a tensor named by an input's gradient formula is saved, and
+//! autograd's codegen saves it only when that input needs a gradient if it is the only formula
+//! that names it ([`SaveRule::each_other`]). `tests/data/derivatives.json`, extracted from the
+//! yaml by `tools/derivatives.py`, pins every rule here to upstream in a unit test.
 
 /// An operator of the tape.
 ///
@@ -210,6 +217,330 @@ impl AtenOp {
             AtenOp::ShiftRight => "_shift_right",
             AtenOp::RelativePositionBucket => "_relative_position_bucket",
             AtenOp::Return => "return",
+        }
+    }
+}
+
+/// A tensor an operator's backward reads, by its place in the [`Call`](super::Call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saved {
+    /// Input `i`.
+    Input(usize),
+    /// Input `i` when the call passes it (an optional argument such as a norm's `weight`).
+    OptionalInput(usize),
+    /// Output `i`.
+    Output(usize),
+    /// A clone of input `i`, taken before the in-place operator overwrites it (autograd's codegen
+    /// saves `self.clone()` for an in-place operator whose formula reads `self`).
+    InputClone(usize),
+    /// Auxiliary tensor `i`: a further result that is not a traced value (statistics, indices, a
+    /// mask) or an argument that is not one (group offsets, labels, rotary tables).
+    Aux(usize),
+}
+
+/// What an operator saves for its backward, whenever autograd records it (some input requires
+/// a gradient, in training).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveRule {
+    /// Saved unconditionally.
+    pub always: &'static [Saved],
+    /// Inputs 0 and 1 are each saved for the other's gradient only: input 0 when input 1 needs a
+    /// gradient, input 1 when input 0 does (`mul.Tensor`, `mm`, `addmm`'s `mat1`/`mat2`).
+    pub each_other: bool,
+}
+
+impl SaveRule {
+    /// Saves nothing but sizes and scalars.
+    pub const NOTHING: SaveRule = SaveRule::always(&[]);
+    /// Saves each of two factors for the other's gradient.
+    pub const EACH_OTHER: SaveRule = SaveRule {
+        always: &[],
+        each_other: true,
+    };
+
+    /// Saves `saved` unconditionally.
+    #[must_use]
+    pub const fn always(saved: &'static [Saved]) -> SaveRule {
+        SaveRule {
+            always: saved,
+            each_other: false,
+        }
+    }
+}
+
+/// An operator's calling convention in the tracer and its save rule: one row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct OpSpec {
+    /// The `derivatives.yaml` entry the rule is checked against (`name.overload`), or `None` for
+    /// a composite or an operator without one.
+    pub yaml: Option<&'static str>,
+    /// ATen's name for each input, in the order the tracer passes them.
+    pub inputs: &'static [&'static str],
+    /// ATen's name for each output value (`result`, or `result0`, … for a tuple).
+    pub outputs: &'static [&'static str],
+    /// ATen's name for each auxiliary tensor ([`Saved::Aux`]).
+    pub aux: &'static [&'static str],
+    /// What it saves.
+    pub saves: SaveRule,
+}
+
+const fn spec(
+    yaml: Option<&'static str>,
+    inputs: &'static [&'static str],
+    outputs: &'static [&'static str],
+    aux: &'static [&'static str],
+    saves: SaveRule,
+) -> OpSpec {
+    OpSpec {
+        yaml,
+        inputs,
+        outputs,
+        aux,
+        saves,
+    }
+}
+
+/// One input, one output, saving `saves` (`relu`, `gelu`, `clone`, …).
+const fn unary(yaml: &'static str, saves: SaveRule) -> OpSpec {
+    spec(Some(yaml), &["self"], &["result"], &[], saves)
+}
+
+/// A view or copy with no entry to check (composite in ATen, or a composite of memest's).
+const fn plain(inputs: &'static [&'static str]) -> OpSpec {
+    spec(None, inputs, &["result"], &[], SaveRule::NOTHING)
+}
+
+use Saved::{Aux, Input, InputClone, OptionalInput, Output};
+
+impl AtenOp {
+    /// Whether the operator writes into its first input (`relu_`, `add_`).
+    #[must_use]
+    pub const fn is_inplace(self) -> bool {
+        matches!(
+            self,
+            AtenOp::ReluInplace
+                | AtenOp::HardtanhInplace
+                | AtenOp::HardswishInplace
+                | AtenOp::HardsigmoidInplace
+                | AtenOp::LeakyReluInplace
+                | AtenOp::SiluInplace
+                | AtenOp::AddInplace
+                | AtenOp::DivInplace
+        )
+    }
+
+    /// What autograd saves for this operator's backward.
+    #[must_use]
+    pub const fn saves(self) -> SaveRule {
+        self.spec().saves
+    }
+
+    /// The operator's row of the table: its calling convention and what it saves.
+    #[must_use]
+    #[allow(clippy::too_many_lines)] // one arm per operator: the table
+    pub const fn spec(self) -> OpSpec {
+        const IN: SaveRule = SaveRule::always(&[Input(0)]);
+        const OUT: SaveRule = SaveRule::always(&[Output(0)]);
+        const CLONE: SaveRule = SaveRule::always(&[InputClone(0)]);
+        const NORM: SaveRule =
+            SaveRule::always(&[Input(0), OptionalInput(1), OptionalInput(2), Aux(0), Aux(1)]);
+        match self {
+            AtenOp::Addmm => spec(
+                Some("addmm"),
+                &["mat1", "mat2", "self"],
+                &["result"],
+                &[],
+                SaveRule::EACH_OTHER,
+            ),
+            AtenOp::Mm => spec(
+                Some("mm"),
+                &["self", "mat2"],
+                &["result"],
+                &[],
+                SaveRule::EACH_OTHER,
+            ),
+            // derivatives.yaml guards each save by the other's requires_grad; memest keeps both
+            // (attention's operands always both need a gradient, except under LoRA on `v` only).
+            AtenOp::Bmm => spec(
+                Some("bmm"),
+                &["self", "mat2"],
+                &["result"],
+                &[],
+                SaveRule::always(&[Input(0), Input(1)]),
+            ),
+            AtenOp::GroupedMm => spec(
+                Some("_grouped_mm"),
+                &["self", "mat2"],
+                &["result"],
+                &["offs"],
+                SaveRule {
+                    always: &[Aux(0)],
+                    each_other: true,
+                },
+            ),
+            AtenOp::Convolution => spec(
+                Some("convolution"),
+                &["input", "weight", "bias"],
+                &["result"],
+                &[],
+                SaveRule::always(&[Input(0), Input(1)]),
+            ),
+            // The running statistics are buffers, alive all step: memest does not pass them.
+            AtenOp::NativeBatchNorm => spec(
+                Some("native_batch_norm"),
+                &["input", "weight", "bias"],
+                &["result0"],
+                &["result1", "result2"],
+                SaveRule::always(&[Input(0), OptionalInput(1), Aux(0), Aux(1)]),
+            ),
+            AtenOp::NativeLayerNorm => spec(
+                Some("native_layer_norm"),
+                &["input", "weight", "bias"],
+                &["result0"],
+                &["result1", "result2"],
+                NORM,
+            ),
+            AtenOp::NativeGroupNorm => spec(
+                Some("native_group_norm"),
+                &["input", "weight", "bias"],
+                &["result0"],
+                &["result1", "result2"],
+                SaveRule::always(&[Input(0), OptionalInput(1), Aux(0), Aux(1)]),
+            ),
+            AtenOp::Softmax => unary("_softmax", OUT),
+            AtenOp::LogSoftmax => unary("_log_softmax", OUT),
+            AtenOp::NllLoss => spec(
+                Some("nll_loss_forward"),
+                &["self"],
+                &["output"],
+                &["target", "total_weight"],
+                SaveRule::always(&[Input(0), Aux(0), Aux(1)]),
+            ),
+            AtenOp::Relu | AtenOp::ReluInplace => unary("relu", OUT),
+            AtenOp::Hardtanh => unary("hardtanh", IN),
+            AtenOp::HardtanhInplace => unary("hardtanh", CLONE),
+            AtenOp::Hardswish => unary("hardswish", IN),
+            AtenOp::HardswishInplace => unary("hardswish", CLONE),
+            AtenOp::Hardsigmoid => unary("hardsigmoid", IN),
+            AtenOp::HardsigmoidInplace => unary("hardsigmoid", CLONE),
+            AtenOp::LeakyRelu => unary("leaky_relu", IN),
+            AtenOp::LeakyReluInplace => unary("leaky_relu_", OUT),
+            AtenOp::Gelu => unary("gelu", IN),
+            AtenOp::Silu => unary("silu", IN),
+            AtenOp::SiluInplace => unary("silu", CLONE),
+            AtenOp::Tanh => unary("tanh", OUT),
+            AtenOp::Sigmoid => unary("sigmoid", OUT),
+            AtenOp::Pow => unary("pow.Tensor_Scalar", IN),
+            AtenOp::Rsqrt => unary("rsqrt", OUT),
+            AtenOp::Mul => spec(
+                Some("mul.Tensor"),
+                &["self", "other"],
+                &["result"],
+                &[],
+                SaveRule::EACH_OTHER,
+            ),
+            AtenOp::MulScalar => unary("mul.Scalar", SaveRule::NOTHING),
+            AtenOp::Add | AtenOp::AddInplace => spec(
+                Some("add.Tensor"),
+                &["self", "other"],
+                &["result"],
+                &[],
+                SaveRule::NOTHING,
+            ),
+            AtenOp::AddScalar => unary("add.Scalar", SaveRule::NOTHING),
+            // `topv /= topv.sum(-1, keepdim=True)` (MoE routing): `div_.Tensor` saves `other`
+            // and a clone of `self`; the sum is computed inside the step, so both are auxiliaries.
+            AtenOp::DivInplace => spec(
+                None,
+                &["self"],
+                &["result"],
+                &["other", "self_clone"],
+                SaveRule::always(&[Aux(0), Aux(1)]),
+            ),
+            AtenOp::Mean => unary("mean.dim", SaveRule::NOTHING),
+            AtenOp::Sum => unary("sum", SaveRule::NOTHING),
+            AtenOp::Cat => spec(
+                Some("cat"),
+                &["tensors"],
+                &["result"],
+                &[],
+                SaveRule::NOTHING,
+            ),
+            AtenOp::Topk => spec(
+                Some("topk"),
+                &["self"],
+                &["values"],
+                &["indices"],
+                SaveRule::always(&[Aux(0)]),
+            ),
+            AtenOp::View => unary("view", SaveRule::NOTHING),
+            AtenOp::Transpose => unary("transpose.int", SaveRule::NOTHING),
+            AtenOp::Permute => unary("permute", SaveRule::NOTHING),
+            AtenOp::Select => unary("select.int", SaveRule::NOTHING),
+            AtenOp::Expand => unary("expand", SaveRule::NOTHING),
+            AtenOp::Unbind => unary("unbind.int", SaveRule::NOTHING),
+            AtenOp::Split => unary("split.Tensor", SaveRule::NOTHING),
+            AtenOp::Clone => unary("clone", SaveRule::NOTHING),
+            AtenOp::ToCopy => unary("_to_copy", SaveRule::NOTHING),
+            AtenOp::Narrow | AtenOp::Chunk => plain(&["self"]),
+            // The MoE program's gather: sort permutation, its inverse and the group offsets.
+            AtenOp::Index => spec(
+                Some("index.Tensor"),
+                &["self"],
+                &["result"],
+                &["indices"],
+                SaveRule::always(&[Aux(0)]),
+            ),
+            AtenOp::Embedding => spec(
+                Some("embedding"),
+                &["weight", "indices"],
+                &["result"],
+                &[],
+                SaveRule::always(&[Input(1)]),
+            ),
+            AtenOp::Dropout => spec(
+                Some("native_dropout"),
+                &["input"],
+                &["result0"],
+                &["result1"],
+                SaveRule::always(&[Aux(0)]),
+            ),
+            AtenOp::MaxPool2dWithIndices => spec(
+                Some("max_pool2d_with_indices"),
+                &["self"],
+                &["result0"],
+                &["result1"],
+                SaveRule::always(&[Input(0), Aux(0)]),
+            ),
+            AtenOp::AvgPool2d => unary("avg_pool2d", IN),
+            AtenOp::AdaptiveAvgPool2d => unary("_adaptive_avg_pool2d", IN),
+            AtenOp::FlashAttention => spec(
+                Some("_scaled_dot_product_flash_attention_for_cpu"),
+                &["query", "key", "value", "attn_mask"],
+                &["output"],
+                &["logsumexp"],
+                SaveRule::always(&[
+                    Input(0),
+                    Input(1),
+                    Input(2),
+                    OptionalInput(3),
+                    Output(0),
+                    Aux(0),
+                ]),
+            ),
+            AtenOp::ApplyRotary => spec(
+                None,
+                &["q"],
+                &["result"],
+                &["cos", "sin"],
+                SaveRule::always(&[Aux(0), Aux(1)]),
+            ),
+            AtenOp::RotaryTables
+            | AtenOp::RepeatKv
+            | AtenOp::CacheUpdate
+            | AtenOp::ShiftRight
+            | AtenOp::RelativePositionBucket
+            | AtenOp::Return => plain(&["self"]),
         }
     }
 }

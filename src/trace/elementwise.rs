@@ -4,6 +4,8 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
+use super::aten::{SaveRule, Saved};
+
 impl Tracer<'_> {
     /// `F.linear` (addmm / mm): saves the input when the weight needs a gradient and the weight
     /// when the input needs one (`derivatives.yaml` `addmm`, `mm`). An input of rank > 2 is
@@ -34,10 +36,10 @@ impl Tracer<'_> {
     }
 
     /// A matmul of `x` by the weight `w`, read as `wc` (its autocast copy, or itself), with an
-    /// optional bias: keeps `x` when the weight trains and the weight when `x` needs a gradient
-    /// (`derivatives.yaml` `addmm`, `mm`, `_grouped_mm`), plus `extra_saves`. A quantized weight
-    /// is dequantized into a transient copy in the compute dtype, as bitsandbytes and GPTQ
-    /// kernels do.
+    /// optional bias and `op`'s auxiliary tensors (`_grouped_mm`'s offsets): `addmm`, `mm` and
+    /// `_grouped_mm` keep `x` when the weight trains and the weight when `x` needs a gradient.
+    /// A quantized weight is dequantized into a transient copy in the compute dtype, as
+    /// bitsandbytes and GPTQ kernels do.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn weight_matmul(
         &mut self,
@@ -47,7 +49,7 @@ impl Tracer<'_> {
         wc: ValueId,
         bias: Option<ValueId>,
         out_shape: Shape,
-        extra_saves: Vec<StorageId>,
+        aux: Vec<StorageId>,
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let rg = xv.requires_grad || self.rg(wc) || bias.is_some_and(|b| self.rg(b));
@@ -62,23 +64,9 @@ impl Tracer<'_> {
                 "dequantized weight",
             )?);
         }
-        let mut saves = extra_saves;
-        if self.rg(wc) {
-            saves.push(xv.storage);
-        }
-        if xv.requires_grad {
-            saves.push(self.sid(wc));
-        }
         let mut inputs = vec![x, wc];
         inputs.extend(bias);
-        self.push(Step {
-            op,
-            inputs,
-            outputs: vec![y],
-            allocs,
-            saves,
-            ..self.blank()
-        });
+        self.call(Call::new(op, inputs, vec![y]).aux(aux).allocs(allocs))?;
         Ok(y)
     }
 
@@ -106,17 +94,29 @@ impl Tracer<'_> {
         } else {
             self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?
         };
-        self.push(Step {
-            op: AtenOp::Dropout,
-            inputs: vec![x],
-            outputs: vec![y],
-            allocs: vec![mask],
-            saves: vec![mask],
-            ..self.blank()
-        });
+        self.call(
+            Call::new(AtenOp::Dropout, vec![x], vec![y])
+                .aux(vec![mask])
+                .allocs(vec![mask]),
+        )?;
         Ok(y)
     }
 
+    /// A one-input operator: in place (`relu_`, a view of its input) or into a new tensor;
+    /// what it keeps follows from `op`'s row of the table.
+    pub(super) fn unary_op(&mut self, x: ValueId, op: AtenOp) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let y = if op.is_inplace() {
+            self.view_of(x, xv.shape.clone(), Layout::Contiguous)
+        } else {
+            self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?
+        };
+        self.call(Call::new(op, vec![x], vec![y]))?;
+        Ok(y)
+    }
+
+    /// [`Tracer::unary_op`] for call sites that still state what the operator keeps: `keep` must
+    /// agree with the table (checked in debug builds).
     pub(super) fn unary(
         &mut self,
         x: ValueId,
@@ -124,134 +124,49 @@ impl Tracer<'_> {
         keep: Keep,
         inplace: bool,
     ) -> Result<ValueId, Error> {
-        let xv = self.val(x).clone();
-        let y = if inplace {
-            self.view_of(x, xv.shape.clone(), Layout::Contiguous)
-        } else {
-            self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?
-        };
-        let mut allocs = Vec::new();
-        let saves = match keep {
-            Keep::Nothing => vec![],
-            Keep::Input => vec![xv.storage],
-            Keep::Output => vec![self.sid(y)],
-            Keep::InputClone => {
-                let c =
-                    self.storage(&xv.shape, xv.dtype, StorageKind::Activation, "input clone")?;
-                allocs.push(c);
-                vec![c]
-            }
-        };
-        self.push(Step {
-            op,
-            inputs: vec![x],
-            outputs: vec![y],
-            allocs,
-            saves,
-            ..self.blank()
-        });
-        Ok(y)
+        debug_assert_eq!(op.is_inplace(), inplace, "{op:?}");
+        debug_assert_eq!(op.saves(), keep.rule(), "{op:?}");
+        self.unary_op(x, op)
     }
 
+    /// An activation module: its ATen operator (in place with `inplace = true`), or for
+    /// `GeluNew` the tanh approximation written op by op. What each keeps is its row of the
+    /// table ([`AtenOp::spec`]).
     pub(super) fn activation(&mut self, x: ValueId, act: Activation) -> Result<ValueId, Error> {
-        match act {
-            // derivatives.yaml: relu/threshold keeps its result; hardtanh keeps its input
-            // (its result when in place); gelu and silu keep their input; tanh and sigmoid
-            // keep their result.
-            Activation::Relu { inplace } => self.unary(
-                x,
-                if inplace {
-                    AtenOp::ReluInplace
-                } else {
-                    AtenOp::Relu
-                },
-                Keep::Output,
-                inplace,
-            ),
-            // An in-place op whose backward needs its input keeps a clone of it (autograd's
-            // codegen saves `self.clone()` for `hardtanh_`).
-            Activation::Relu6 { inplace } => self.unary(
-                x,
-                if inplace {
-                    AtenOp::HardtanhInplace
-                } else {
-                    AtenOp::Hardtanh
-                },
-                if inplace {
-                    Keep::InputClone
-                } else {
-                    Keep::Input
-                },
-                inplace,
-            ),
-            Activation::Hardswish { inplace } => self.unary(
-                x,
-                if inplace {
-                    AtenOp::HardswishInplace
-                } else {
-                    AtenOp::Hardswish
-                },
-                if inplace {
-                    Keep::InputClone
-                } else {
-                    Keep::Input
-                },
-                inplace,
-            ),
-            Activation::Hardsigmoid { inplace } => self.unary(
-                x,
-                if inplace {
-                    AtenOp::HardsigmoidInplace
-                } else {
-                    AtenOp::Hardsigmoid
-                },
-                if inplace {
-                    Keep::InputClone
-                } else {
-                    Keep::Input
-                },
-                inplace,
-            ),
-            // derivatives.yaml: leaky_relu keeps `self`; `leaky_relu_` keeps its result.
-            Activation::LeakyRelu { inplace } => self.unary(
-                x,
-                if inplace {
-                    AtenOp::LeakyReluInplace
-                } else {
-                    AtenOp::LeakyRelu
-                },
-                if inplace { Keep::Output } else { Keep::Input },
-                inplace,
-            ),
-            Activation::Gelu => self.unary(x, AtenOp::Gelu, Keep::Input, false),
-            Activation::Silu { inplace } => self.unary(
-                x,
-                if inplace {
-                    AtenOp::SiluInplace
-                } else {
-                    AtenOp::Silu
-                },
-                if inplace {
-                    Keep::InputClone
-                } else {
-                    Keep::Input
-                },
-                inplace,
-            ),
-            Activation::Tanh => self.unary(x, AtenOp::Tanh, Keep::Output, false),
-            Activation::Sigmoid => self.unary(x, AtenOp::Sigmoid, Keep::Output, false),
+        let pick = |inplace: bool, out_of_place: AtenOp, in_place: AtenOp| {
+            if inplace { in_place } else { out_of_place }
+        };
+        let op = match act {
+            Activation::Relu { inplace } => pick(inplace, AtenOp::Relu, AtenOp::ReluInplace),
+            Activation::Relu6 { inplace } => {
+                pick(inplace, AtenOp::Hardtanh, AtenOp::HardtanhInplace)
+            }
+            Activation::Hardswish { inplace } => {
+                pick(inplace, AtenOp::Hardswish, AtenOp::HardswishInplace)
+            }
+            Activation::Hardsigmoid { inplace } => {
+                pick(inplace, AtenOp::Hardsigmoid, AtenOp::HardsigmoidInplace)
+            }
+            Activation::LeakyRelu { inplace } => {
+                pick(inplace, AtenOp::LeakyRelu, AtenOp::LeakyReluInplace)
+            }
+            Activation::Gelu => AtenOp::Gelu,
+            Activation::Silu { inplace } => pick(inplace, AtenOp::Silu, AtenOp::SiluInplace),
+            Activation::Tanh => AtenOp::Tanh,
+            Activation::Sigmoid => AtenOp::Sigmoid,
             Activation::GeluNew => {
                 // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), op by op.
-                let cube = self.unary(x, AtenOp::Pow, Keep::Input, false)?;
-                let scaled = self.unary(cube, AtenOp::MulScalar, Keep::Nothing, false)?;
+                let cube = self.unary_op(x, AtenOp::Pow)?;
+                let scaled = self.unary_op(cube, AtenOp::MulScalar)?;
                 let inner = self.add(&[x, scaled], false)?;
-                let arg = self.unary(inner, AtenOp::MulScalar, Keep::Nothing, false)?;
-                let t = self.unary(arg, AtenOp::Tanh, Keep::Output, false)?;
-                let one_plus = self.unary(t, AtenOp::AddScalar, Keep::Nothing, false)?;
-                let half = self.unary(x, AtenOp::MulScalar, Keep::Nothing, false)?;
-                self.mul(half, one_plus)
+                let arg = self.unary_op(inner, AtenOp::MulScalar)?;
+                let t = self.unary_op(arg, AtenOp::Tanh)?;
+                let one_plus = self.unary_op(t, AtenOp::AddScalar)?;
+                let half = self.unary_op(x, AtenOp::MulScalar)?;
+                return self.mul(half, one_plus);
             }
-        }
+        };
+        self.unary_op(x, op)
     }
 
     /// Elementwise product: each factor is kept for the other's gradient
@@ -266,20 +181,7 @@ impl Tracer<'_> {
         })?;
         let dtype = promote(av.dtype, bv.dtype);
         let y = self.fresh(shape, dtype, "output", av.requires_grad || bv.requires_grad)?;
-        let mut saves = Vec::new();
-        if av.requires_grad {
-            saves.push(bv.storage);
-        }
-        if bv.requires_grad {
-            saves.push(av.storage);
-        }
-        self.push(Step {
-            op: AtenOp::Mul,
-            inputs: vec![a, b],
-            outputs: vec![y],
-            saves,
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Mul, vec![a, b], vec![y]))?;
         Ok(y)
     }
 
@@ -313,16 +215,12 @@ impl Tracer<'_> {
         } else {
             self.fresh(shape, dtype, "output", rg)?
         };
-        self.push(Step {
-            op: if inplace {
-                AtenOp::AddInplace
-            } else {
-                AtenOp::Add
-            },
-            inputs: inputs.to_vec(),
-            outputs: vec![y],
-            ..self.blank()
-        });
+        let op = if inplace {
+            AtenOp::AddInplace
+        } else {
+            AtenOp::Add
+        };
+        self.call(Call::new(op, inputs.to_vec(), vec![y]))?;
         Ok(y)
     }
 
@@ -353,12 +251,7 @@ impl Tracer<'_> {
             rg |= vv.requires_grad;
         }
         let y = self.fresh(Shape::new(dims), first.dtype, "output", rg)?;
-        self.push(Step {
-            op: AtenOp::Cat,
-            inputs: inputs.to_vec(),
-            outputs: vec![y],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Cat, inputs.to_vec(), vec![y]))?;
         Ok(y)
     }
 
@@ -380,21 +273,16 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         let h = self.upcast_f32(x)?;
         let hv = self.val(h).clone();
-        let sq = self.unary(h, AtenOp::Pow, Keep::Input, false)?;
+        let sq = self.unary_op(h, AtenOp::Pow)?;
         let var = self.fresh(
             xv.shape.with_last(1),
             hv.dtype,
             "variance",
             hv.requires_grad,
         )?;
-        self.push(Step {
-            op: AtenOp::Mean,
-            inputs: vec![sq],
-            outputs: vec![var],
-            ..self.blank()
-        });
-        let var_eps = self.unary(var, AtenOp::AddScalar, Keep::Nothing, false)?;
-        let r = self.unary(var_eps, AtenOp::Rsqrt, Keep::Output, false)?;
+        self.call(Call::new(AtenOp::Mean, vec![sq], vec![var]))?;
+        let var_eps = self.unary_op(var, AtenOp::AddScalar)?;
+        let r = self.unary_op(var_eps, AtenOp::Rsqrt)?;
         match style {
             RmsStyle::Llama => {
                 let normed = self.mul(h, r)?;
@@ -419,7 +307,7 @@ impl Tracer<'_> {
             RmsStyle::Gemma => {
                 let normed = self.mul(h, r)?;
                 let wf = self.upcast_f32(w)?;
-                let one_plus = self.unary(wf, AtenOp::AddScalar, Keep::Nothing, false)?;
+                let one_plus = self.unary_op(wf, AtenOp::AddScalar)?;
                 let out = self.mul(normed, one_plus)?;
                 self.cast(out, xv.dtype)
             }
@@ -483,14 +371,7 @@ impl Tracer<'_> {
             "log-probabilities",
             inv.requires_grad,
         )?;
-        let saves = vec![self.sid(lp)];
-        self.push(Step {
-            op: AtenOp::LogSoftmax,
-            inputs: vec![xin],
-            outputs: vec![lp],
-            saves,
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::LogSoftmax, vec![xin], vec![lp]))?;
         let loss = self.fresh(Shape::default(), inv.dtype, "loss", inv.requires_grad)?;
         // nll_loss_forward also returns `total_weight`, a float32 scalar its backward keeps.
         let total_weight = self.storage(
@@ -499,24 +380,22 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "total_weight",
         )?;
-        let mut step = Step {
-            op: AtenOp::NllLoss,
-            inputs: vec![lp],
-            outputs: vec![loss],
-            allocs: vec![total_weight],
-            saves: vec![target, total_weight],
-            ..self.blank()
-        };
+        let mut allocs = vec![total_weight];
         if target != labels {
-            step.allocs.push(target);
+            allocs.push(target);
         }
-        self.push(step);
+        self.call(
+            Call::new(AtenOp::NllLoss, vec![lp], vec![loss])
+                .aux(vec![target, total_weight])
+                .allocs(allocs),
+        )?;
         self.tape.held.push(self.sid(loss));
         Ok(loss)
     }
 }
 
-/// What a one-input operator keeps for its backward.
+/// What a one-input operator keeps for its backward, as call sites not yet on
+/// [`Tracer::unary_op`] state it; it must agree with the table ([`AtenOp::saves`]).
 #[derive(Clone, Copy)]
 pub(super) enum Keep {
     /// Nothing (only sizes or Python scalars).
@@ -525,6 +404,15 @@ pub(super) enum Keep {
     Input,
     /// Its output (`relu`, `tanh`, `sigmoid`, `softmax`).
     Output,
-    /// A clone of its input, made because it runs in place (`hardtanh_`, `silu_`).
-    InputClone,
+}
+
+impl Keep {
+    /// The save rule this states.
+    fn rule(self) -> SaveRule {
+        match self {
+            Keep::Nothing => SaveRule::NOTHING,
+            Keep::Input => SaveRule::always(&[Saved::Input(0)]),
+            Keep::Output => SaveRule::always(&[Saved::Output(0)]),
+        }
+    }
 }

@@ -12,6 +12,7 @@
 
 pub mod aten;
 mod attention;
+mod call;
 mod elementwise;
 mod moe;
 mod ops;
@@ -21,6 +22,7 @@ pub mod tape;
 use std::collections::HashMap;
 
 use attention::AttnCfg;
+use call::Call;
 use elementwise::Keep;
 use moe::MoeCfg;
 
@@ -135,13 +137,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         if settings.training() {
             // `out.sum()`: its backward expands a scalar gradient, allocating nothing.
             let loss = t.fresh(Shape::default(), v.dtype, "loss", true)?;
-            t.push(Step {
-                op: AtenOp::Sum,
-                inputs: vec![out],
-                outputs: vec![loss],
-                view_grad: true,
-                ..t.blank()
-            });
+            t.call(Call::new(AtenOp::Sum, vec![out], vec![loss]).view_grad())?;
             t.tape.held.push(t.tape.values[loss].storage);
         }
     }
@@ -289,6 +285,8 @@ impl Tracer<'_> {
         op: AtenOp,
         view_grad: bool,
     ) -> ValueId {
+        // A view saves nothing (its row in the table says so), so recording it cannot fail.
+        debug_assert_eq!(op.saves(), aten::SaveRule::NOTHING, "{op:?}");
         let y = self.view_of(x, shape, layout);
         self.push(Step {
             op,
@@ -312,37 +310,6 @@ impl Tracer<'_> {
         self.tape.values[v].requires_grad
     }
 
-    /// Records a step. Outside training, or when nothing it reads requires a gradient, autograd
-    /// records no node: nothing is saved and no gradient flows.
-    fn push(&mut self, mut step: Step) {
-        let records = self.training() && step.inputs.iter().any(|&v| self.rg(v));
-        if records {
-            step.grads = step
-                .inputs
-                .iter()
-                .copied()
-                .filter(|&v| self.rg(v) && self.val(v).dtype.is_float())
-                .collect();
-            step.grads.dedup();
-        } else {
-            step.saves.clear();
-            step.grads.clear();
-        }
-        for &o in &step.outputs {
-            let s = self.tape.values[o].storage;
-            let fresh = !step
-                .inputs
-                .iter()
-                .any(|&i| self.tape.values[i].storage == s);
-            if fresh && !step.allocs.contains(&s) {
-                step.allocs.push(s);
-            }
-        }
-        step.saves.sort_unstable();
-        step.saves.dedup();
-        self.tape.steps.push(step);
-    }
-
     /// Under autocast, a lower-precision op reads a 16-bit copy of a float32 input
     /// (`aten::_to_copy`); the copy is a new tensor that the op may save.
     fn autocast_input(&mut self, v: ValueId) -> Result<ValueId, Error> {
@@ -364,12 +331,7 @@ impl Tracer<'_> {
             },
             val.requires_grad,
         )?;
-        self.push(Step {
-            op: AtenOp::ToCopy,
-            inputs: vec![v],
-            outputs: vec![out],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::ToCopy, vec![v], vec![out]))?;
         if val.param {
             self.cast_cache.insert(v, out);
         }
@@ -388,12 +350,7 @@ impl Tracer<'_> {
             "float32 copy",
             val.requires_grad,
         )?;
-        self.push(Step {
-            op: AtenOp::ToCopy,
-            inputs: vec![v],
-            outputs: vec![out],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::ToCopy, vec![v], vec![out]))?;
         Ok(out)
     }
 
@@ -415,12 +372,7 @@ impl Tracer<'_> {
             "contiguous copy",
             val.requires_grad,
         )?;
-        self.push(Step {
-            op: AtenOp::Clone,
-            inputs: vec![v],
-            outputs: vec![out],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Clone, vec![v], vec![out]))?;
         Ok(out)
     }
 

@@ -1,0 +1,135 @@
+//! Recording an operator: [`Call`] says what it reads, returns and allocates;
+//! [`Tracer::call`] adds what autograd saves, from the operator's row of the table
+//! ([`AtenOp::spec`]), and which inputs receive a gradient.
+
+use super::aten::{SaveRule, Saved};
+use super::{AtenOp, Error, Step, StorageId, StorageKind, Tracer, ValueId};
+
+/// One operator as the tracer records it. What it saves is not written here: it follows from
+/// [`AtenOp::saves`].
+#[derive(Debug)]
+pub(super) struct Call {
+    /// The operator.
+    pub op: AtenOp,
+    /// Values read, in the order of the operator's [`OpSpec::inputs`](super::aten::OpSpec).
+    pub inputs: Vec<ValueId>,
+    /// Values produced.
+    pub outputs: Vec<ValueId>,
+    /// Tensors the rule may name that are not values ([`Saved::Aux`]): further results
+    /// (statistics, indices, masks) and arguments such as group offsets or labels.
+    pub aux: Vec<StorageId>,
+    /// Storages the operator allocates besides its outputs (its further results, workspace).
+    pub allocs: Vec<StorageId>,
+    /// The backward hands a view of the output's gradient to the input (views, reshapes).
+    pub view_grad: bool,
+}
+
+impl Call {
+    /// `op` reading `inputs` and producing `outputs`, with no auxiliary tensors.
+    pub(super) fn new(op: AtenOp, inputs: Vec<ValueId>, outputs: Vec<ValueId>) -> Call {
+        Call {
+            op,
+            inputs,
+            outputs,
+            aux: Vec::new(),
+            allocs: Vec::new(),
+            view_grad: false,
+        }
+    }
+
+    /// With auxiliary tensors ([`Saved::Aux`]).
+    pub(super) fn aux(mut self, aux: Vec<StorageId>) -> Call {
+        self.aux = aux;
+        self
+    }
+
+    /// With storages it allocates besides its outputs.
+    pub(super) fn allocs(mut self, allocs: Vec<StorageId>) -> Call {
+        self.allocs = allocs;
+        self
+    }
+
+    /// With a backward that hands the output's gradient to the input as a view.
+    pub(super) fn view_grad(mut self) -> Call {
+        self.view_grad = true;
+        self
+    }
+}
+
+impl Tracer<'_> {
+    /// Records `c`, saving what [`AtenOp::saves`] says. An in-place operator that saves a clone
+    /// of its input allocates it here ("input clone").
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] when the clone's size does not fit in 64 bits.
+    pub(super) fn call(&mut self, c: Call) -> Result<(), Error> {
+        let SaveRule { always, each_other } = c.op.saves();
+        let mut allocs = c.allocs;
+        let mut saves = Vec::new();
+        for saved in always {
+            match *saved {
+                Saved::Input(i) => saves.push(self.sid(c.inputs[i])),
+                Saved::OptionalInput(i) => saves.extend(c.inputs.get(i).map(|&v| self.sid(v))),
+                Saved::Output(i) => saves.push(self.sid(c.outputs[i])),
+                Saved::Aux(i) => saves.push(c.aux[i]),
+                Saved::InputClone(i) => {
+                    let x = self.val(c.inputs[i]).clone();
+                    let clone =
+                        self.storage(&x.shape, x.dtype, StorageKind::Activation, "input clone")?;
+                    allocs.push(clone);
+                    saves.push(clone);
+                }
+            }
+        }
+        if each_other {
+            let (a, b) = (c.inputs[0], c.inputs[1]);
+            if self.rg(b) {
+                saves.push(self.sid(a));
+            }
+            if self.rg(a) {
+                saves.push(self.sid(b));
+            }
+        }
+        self.push(Step {
+            op: c.op,
+            inputs: c.inputs,
+            outputs: c.outputs,
+            allocs,
+            saves,
+            view_grad: c.view_grad,
+            ..self.blank()
+        });
+        Ok(())
+    }
+
+    /// Records a step. Outside training, or when nothing it reads requires a gradient, autograd
+    /// records no node: nothing is saved and no gradient flows.
+    pub(super) fn push(&mut self, mut step: Step) {
+        let records = self.training() && step.inputs.iter().any(|&v| self.rg(v));
+        if records {
+            step.grads = step
+                .inputs
+                .iter()
+                .copied()
+                .filter(|&v| self.rg(v) && self.val(v).dtype.is_float())
+                .collect();
+            step.grads.dedup();
+        } else {
+            step.saves.clear();
+            step.grads.clear();
+        }
+        for &o in &step.outputs {
+            let s = self.tape.values[o].storage;
+            let fresh = !step
+                .inputs
+                .iter()
+                .any(|&i| self.tape.values[i].storage == s);
+            if fresh && !step.allocs.contains(&s) {
+                step.allocs.push(s);
+            }
+        }
+        step.saves.sort_unstable();
+        step.saves.dedup();
+        self.tape.steps.push(step);
+    }
+}
