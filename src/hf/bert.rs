@@ -3,7 +3,8 @@
 use super::Resolved;
 use super::config::{BertConfig, Cfg, layer_count, prob, required};
 use super::layers::{
-    activation, add, cross_entropy, embedding, layer, layernorm, linear, push, push_dropout, repeat,
+    activation, add, cross_entropy, embedding, layer, layernorm, linear, module_path, push,
+    push_dropout, repeat,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
@@ -35,14 +36,7 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         ));
     }
 
-    let bare = head == Resolved::Bare;
-    let p = |s: &str| {
-        if bare {
-            s.to_string()
-        } else {
-            format!("bert.{s}")
-        }
-    };
+    let p = module_path(head, "bert");
     let mut out = Vec::new();
     let word = push(
         &mut out,

@@ -9,8 +9,8 @@
 use super::Resolved;
 use super::config::{Cfg, DecoderConfig, layer_count, prob, required};
 use super::layers::{
-    activation, add, causal_head, embedding, layer, linear, push, push_dropout, repeat, rmsnorm,
-    run_name, runs, with_inputs, with_note,
+    activation, add, causal_head, embedding, layer, linear, module_path, push, push_dropout,
+    repeat, rmsnorm, run_name, runs, with_inputs, with_note,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
@@ -334,13 +334,7 @@ pub(super) fn decoder(
     )]
     let rotary_dim = ((head_dim as f64 * partial) as u64).max(2);
 
-    let p = |s: &str| {
-        if head == Resolved::Bare {
-            s.to_string()
-        } else {
-            format!("model.{s}")
-        }
-    };
+    let p = module_path(head, "model");
     let mut out = Vec::new();
     let embed = p("embed_tokens");
     push(&mut out, embedding(&embed, vocab, hidden));

@@ -3,7 +3,8 @@
 use super::Resolved;
 use super::config::{Cfg, Gpt2Config, layer_count, prob, required};
 use super::layers::{
-    activation, add, causal_head, embedding, layer, layernorm, linear, push, push_dropout, repeat,
+    activation, add, causal_head, embedding, layer, layernorm, linear, module_path, push,
+    push_dropout, repeat,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
@@ -26,14 +27,7 @@ pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         return Err(cfg.err("`add_cross_attention = true` (GPT-2 as a decoder with cross-attention) is not supported".into()));
     }
 
-    let bare = head == Resolved::Bare;
-    let p = |s: &str| {
-        if bare {
-            s.to_string()
-        } else {
-            format!("transformer.{s}")
-        }
-    };
+    let p = module_path(head, "transformer");
     let mut out = Vec::new();
     let wte = push(&mut out, embedding(&p("wte"), vocab, hidden));
     push(

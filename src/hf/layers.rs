@@ -82,6 +82,19 @@ pub(super) fn repeat(name: &str, count: u64, body: Vec<LayerSpec>) -> LayerSpec 
     }
 }
 
+/// The module-path namer of a model whose head wraps the base model in `base` (`model`,
+/// `transformer`, `bert`): `embed_tokens` → `model.embed_tokens`, or `embed_tokens` as it is for
+/// the bare model.
+pub(super) fn module_path(head: Resolved, base: &'static str) -> impl Fn(&str) -> String {
+    move |s: &str| {
+        if head == Resolved::Bare {
+            s.to_string()
+        } else {
+            format!("{base}.{s}")
+        }
+    }
+}
+
 /// Appends `layer` to `out` and returns its name (the next layer's input by default).
 pub(super) fn push(out: &mut Vec<LayerSpec>, l: LayerSpec) -> String {
     let name = l.name.clone().expect("every imported layer is named");
