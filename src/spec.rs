@@ -3,7 +3,6 @@
 //! These types mirror the file exactly and reject unknown keys, so that a typo is reported with
 //! its line and column. [`crate::graph::build`] turns them into a validated [`crate::graph::Model`].
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -187,6 +186,8 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tie: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_embeddings: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub embedding_dim: Option<u64>,
@@ -205,6 +206,8 @@ pub struct LayerSpec {
     pub stride: Option<Pair>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub padding: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_padding: Option<Pair>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dilation: Option<Pair>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -226,7 +229,7 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inplace: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub approximate: Option<String>,
+    pub approximate: Option<Approximate>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p: Option<f64>,
     // shape ops
@@ -248,10 +251,10 @@ pub struct LayerSpec {
     pub length: Option<u64>,
     // free parameter
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub combine: Option<String>,
-    // attention
+    pub combine: Option<CombineKind>,
+    // norms and attention
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub style: Option<String>,
+    pub style: Option<Style>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -289,7 +292,7 @@ pub struct LayerSpec {
     /// Where `qk_norm` normalizes: `"head"` (per head over `head_dim`, Qwen3; the default) or
     /// `"projection"` (over the whole `heads·head_dim` projection, OLMo-2).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub qk_norm_scope: Option<String>,
+    pub qk_norm_scope: Option<QkNormScope>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub softmax_f32: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -349,6 +352,74 @@ impl<'de> Deserialize<'de> for Pair {
     }
 }
 
+/// `gelu`'s `approximate`: `F.gelu(x, approximate=..)`. Both keep the input, so the estimate
+/// does not depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Approximate {
+    /// The erf form (`approximate="none"`, the default).
+    #[serde(rename = "none")]
+    Exact,
+    /// The tanh approximation.
+    Tanh,
+}
+
+/// How a `parameter` layer joins its tensor to the activations (`combine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CombineKind {
+    /// Broadcast and added (the default).
+    Add,
+    /// Broadcast and multiplied.
+    Mul,
+    /// Expanded over the batch and concatenated along `dim`.
+    Concat,
+}
+
+/// The `style` key: which implementation a layer follows. `rmsnorm` takes `llama` (default),
+/// `t5`, `gemma` or `olmo2`; `attention` takes `transformers` (default) or `torch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Style {
+    /// `LlamaRMSNorm`.
+    Llama,
+    /// `T5LayerNorm`.
+    T5,
+    /// `GemmaRMSNorm`.
+    Gemma,
+    /// `Olmo2RMSNorm`.
+    Olmo2,
+    /// transformers' attention modules.
+    Transformers,
+    /// `torch.nn.MultiheadAttention`.
+    Torch,
+}
+
+impl Style {
+    /// The name used in files.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Style::Llama => "llama",
+            Style::T5 => "t5",
+            Style::Gemma => "gemma",
+            Style::Olmo2 => "olmo2",
+            Style::Transformers => "transformers",
+            Style::Torch => "torch",
+        }
+    }
+}
+
+/// `qk_norm_scope`: where an attention layer's `qk_norm` RMS-normalizes queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QkNormScope {
+    /// Per head, over `head_dim` (Qwen3; the default).
+    Head,
+    /// Over the whole `heads·head_dim` projection before the head split (OLMo-2).
+    Projection,
+}
+
 macro_rules! layer_kinds {
     ($($variant:ident => $name:literal $(| $alias:literal)*),* $(,)?) => {
         /// The kind of a layer, as named in the `kind` key.
@@ -378,6 +449,8 @@ layer_kinds! {
     Linear => "linear",
     Conv1d => "conv1d",
     Conv2d => "conv2d",
+    ConvTranspose1d => "conv_transpose1d" | "convtranspose1d",
+    ConvTranspose2d => "conv_transpose2d" | "convtranspose2d",
     BatchNorm1d => "batchnorm1d" | "batch_norm1d",
     BatchNorm2d => "batchnorm2d" | "batch_norm2d",
     LayerNorm => "layernorm" | "layer_norm",
@@ -495,10 +568,15 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
     }
 }
 
-/// Adds a "did you mean" hint to serde's unknown-field messages.
+/// Adds a "did you mean" hint to serde's unknown-field and unknown-variant messages (a key, or
+/// a value of a closed set such as `style`).
 fn improve(message: &str) -> String {
     let message = message.trim_end();
-    let Some(rest) = message.strip_prefix("unknown field `") else {
+    let (what, rest) = if let Some(rest) = message.strip_prefix("unknown field `") {
+        ("key", rest)
+    } else if let Some(rest) = message.strip_prefix("unknown variant `") {
+        ("value", rest)
+    } else {
         return message.to_string();
     };
     let Some((field, expected)) = rest.split_once('`') else {
@@ -512,10 +590,13 @@ fn improve(message: &str) -> String {
         .collect();
     match crate::error::nearest(field, &names) {
         Some(n) => format!(
-            "unknown key `{field}` (did you mean `{n}`?){}",
+            "unknown {what} `{field}` (did you mean `{n}`?){}",
             &expected.replacen(',', ";", 1)
         ),
-        None => format!("unknown key `{field}`{}", &expected.replacen(',', ";", 1)),
+        None => format!(
+            "unknown {what} `{field}`{}",
+            &expected.replacen(',', ";", 1)
+        ),
     }
 }
 
@@ -528,81 +609,24 @@ fn line_col(src: &str, offset: usize) -> (Option<usize>, Option<usize>) {
     (Some(line), Some(column))
 }
 
-/// Keys set on a layer, for checking which apply to its kind.
+/// Keys that every kind accepts; [`LayerSpec::set_keys`] leaves them out.
+const COMMON_KEYS: [&str; 5] = ["kind", "name", "inputs", "trainable", "note"];
+
 impl LayerSpec {
     /// Names of the kind-specific keys that are set (everything but `kind`, `name`, `inputs`,
-    /// `trainable`, `note`).
+    /// `trainable`, `note`), in alphabetical order. They are the keys `self` serializes to
+    /// (unset keys are skipped), so a new field needs no second list.
     #[must_use]
-    pub fn set_keys(&self) -> Vec<&'static str> {
-        let mut keys = BTreeMap::new();
-        macro_rules! check {
-            ($($field:ident),*) => { $( if self.$field.is_some() { keys.insert(stringify!($field), ()); } )* };
+    pub fn set_keys(&self) -> Vec<String> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| !COMMON_KEYS.contains(&k.as_str()))
+                .collect(),
+            // A struct of plain fields always serializes to an object.
+            _ => Vec::new(),
         }
-        check!(
-            count,
-            layers,
-            in_features,
-            out_features,
-            bias,
-            tie,
-            num_embeddings,
-            embedding_dim,
-            num_positions,
-            ids_buffer,
-            in_channels,
-            out_channels,
-            kernel,
-            stride,
-            padding,
-            dilation,
-            groups,
-            output_size,
-            ceil_mode,
-            num_features,
-            num_groups,
-            affine,
-            track_running_stats,
-            inplace,
-            approximate,
-            p,
-            dim,
-            start_dim,
-            end_dim,
-            shape,
-            dims,
-            index,
-            combine,
-            style,
-            kv_cache,
-            heads,
-            kv_heads,
-            head_dim,
-            causal,
-            fused_qkv,
-            out_bias,
-            rotary,
-            dropout,
-            shift,
-            upcast,
-            experts,
-            top_k,
-            intermediate_size,
-            shared_intermediate_size,
-            shared_gate,
-            normalize_topk,
-            qk_norm,
-            qk_norm_scope,
-            position_bias,
-            num_buckets,
-            sliding_window,
-            factor,
-            concat,
-            tables_f32,
-            start,
-            length,
-            softmax_f32
-        );
-        keys.into_keys().collect()
     }
 }
 
@@ -643,6 +667,34 @@ mod tests {
         };
         assert_eq!(e.line, Some(3));
         assert!(e.message.contains("expected u64"), "{}", e.message);
+    }
+
+    #[test]
+    fn unknown_style_has_position_and_suggestion() {
+        let src = "[input]\nshape = [4]\n[[layers]]\nkind = \"rmsnorm\"\nstyle = \"lama\"\n";
+        let Err(Error::Spec(e)) = parse(src, Format::Toml) else {
+            panic!("expected a spec error")
+        };
+        assert_eq!((e.line, e.column), (Some(5), Some(9)));
+        assert!(
+            e.message
+                .starts_with("unknown value `lama` (did you mean `llama`?); expected one of"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn set_keys_are_the_serialized_keys() {
+        let l = LayerSpec {
+            kind: LayerKind::Conv2d,
+            name: Some("c".into()),
+            out_channels: Some(3),
+            kernel: Some(Pair(3, 3)),
+            approximate: Some(Approximate::Tanh),
+            ..LayerSpec::default()
+        };
+        assert_eq!(l.set_keys(), ["approximate", "kernel", "out_channels"]);
     }
 
     #[test]

@@ -399,11 +399,11 @@ pub(super) fn decoder(
 fn family_norm(row: &DecoderFamily, name: &str) -> LayerSpec {
     let style = match row.norm {
         Norm::Llama => None,
-        Norm::Gemma => Some("gemma"),
-        Norm::Olmo2 => Some("olmo2"),
+        Norm::Gemma => Some(crate::spec::Style::Gemma),
+        Norm::Olmo2 => Some(crate::spec::Style::Olmo2),
     };
     LayerSpec {
-        style: style.map(str::to_string),
+        style,
         ..rmsnorm(name)
     }
 }
@@ -448,7 +448,8 @@ fn decoder_layer(
         rotary: Some(true),
         dropout: (a.dropout > 0.0).then_some(a.dropout),
         qk_norm: (row.qk_norm != QkNorm::None).then_some(true),
-        qk_norm_scope: (row.qk_norm == QkNorm::Projection).then(|| "projection".to_string()),
+        qk_norm_scope: (row.qk_norm == QkNorm::Projection)
+            .then_some(crate::spec::QkNormScope::Projection),
         sliding_window: a.sliding_window,
         // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
         softmax_f32: Some(true),

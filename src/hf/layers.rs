@@ -57,7 +57,7 @@ pub(super) fn layernorm(name: &str) -> LayerSpec {
 /// T5's `T5LayerNorm` (see `graph::Op::RmsNorm`).
 pub(super) fn t5_norm(name: &str) -> LayerSpec {
     LayerSpec {
-        style: Some("t5".into()),
+        style: Some(crate::spec::Style::T5),
         ..rmsnorm(name)
     }
 }
@@ -118,7 +118,7 @@ pub(super) fn activation(cfg: &Cfg, key: &str, act: &str, name: &str) -> Result<
         "silu" | "swish" => layer(K::Silu, name),
         "gelu" => layer(K::Gelu, name),
         "gelu_pytorch_tanh" => LayerSpec {
-            approximate: Some("tanh".into()),
+            approximate: Some(crate::spec::Approximate::Tanh),
             ..layer(K::Gelu, name)
         },
         "gelu_new" => layer(K::GeluNew, name),

@@ -31,7 +31,7 @@ impl Tracer<'_> {
         &mut self,
         x: ValueId,
         kv_src: ValueId,
-        c: &AttnCfg,
+        c: &AttentionCfg,
         train: bool,
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
@@ -418,7 +418,7 @@ impl Tracer<'_> {
         q: ValueId,
         k: ValueId,
         v: ValueId,
-        c: &AttnCfg,
+        c: &AttentionCfg,
         bias: Option<ValueId>,
     ) -> Result<ValueId, Error> {
         let q = self.autocast_input(q)?;
@@ -513,22 +513,4 @@ impl Tracer<'_> {
         });
         Ok(y)
     }
-}
-
-pub(super) struct AttnCfg {
-    pub(super) softmax_f32: bool,
-    pub(super) qk_norm: Option<QkNorm>,
-    pub(super) position_bias: bool,
-    pub(super) sliding_window: Option<u64>,
-    pub(super) style: AttnStyle,
-    pub(super) kv_cache: bool,
-    pub(super) heads: u64,
-    pub(super) kv_heads: u64,
-    pub(super) head_dim: Option<u64>,
-    pub(super) causal: bool,
-    pub(super) bias: bool,
-    pub(super) out_bias: bool,
-    pub(super) fused_qkv: bool,
-    pub(super) rotary: bool,
-    pub(super) dropout: f64,
 }

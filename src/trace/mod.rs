@@ -21,10 +21,8 @@ pub mod tape;
 
 use std::collections::HashMap;
 
-use attention::AttnCfg;
 use call::Call;
 use elementwise::Keep;
-use moe::MoeCfg;
 
 pub use aten::AtenOp;
 pub use tape::{
@@ -35,7 +33,8 @@ pub use tape::{
 use crate::dtype::DType;
 use crate::error::{Error, LayerErrorKind, SettingKey};
 use crate::graph::{
-    Activation, AttnStyle, Combine, INPUT, InputRef, Layer, Model, Node, Op, QkNorm, RmsStyle,
+    Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, Model, MoeCfg, Node, Op,
+    QkNorm, RmsStyle,
 };
 use crate::settings::{AttentionImpl, Device, Quant, Settings};
 use crate::shape::Shape;

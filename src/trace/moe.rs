@@ -44,7 +44,7 @@ impl Tracer<'_> {
             saves: vec![idx],
             ..self.blank()
         });
-        let weights = if c.normalize {
+        let weights = if c.normalize_topk {
             let sum = self.storage(
                 &Shape::from([t, 1]),
                 DType::Float32,
@@ -125,11 +125,24 @@ impl Tracer<'_> {
             ..self.blank()
         });
         // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
-        let w_gu = self.weight(Shape::from([c.experts, 2 * c.inter, h]), train, true)?;
-        let w_down = self.weight(Shape::from([c.experts, h, c.inter]), train, true)?;
-        let gu = self.grouped_mm(gathered, w_gu, Shape::from([tk, 2 * c.inter]), offsets)?;
-        let gate = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
-        let up = self.view_of(gu, Shape::from([tk, c.inter]), Layout::Strided);
+        let w_gu = self.weight(
+            Shape::from([c.experts, 2 * c.intermediate_size, h]),
+            train,
+            true,
+        )?;
+        let w_down = self.weight(
+            Shape::from([c.experts, h, c.intermediate_size]),
+            train,
+            true,
+        )?;
+        let gu = self.grouped_mm(
+            gathered,
+            w_gu,
+            Shape::from([tk, 2 * c.intermediate_size]),
+            offsets,
+        )?;
+        let gate = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
+        let up = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
         self.push(Step {
             op: AtenOp::Chunk,
             inputs: vec![gu],
@@ -156,16 +169,36 @@ impl Tracer<'_> {
             outputs: vec![out],
             ..self.blank()
         });
-        if c.shared == 0 {
+        if c.shared_intermediate_size == 0 {
             return Ok(out);
         }
         // Shared expert (Qwen-MoE).
-        let g = self.projection(x, h, c.shared, false, train, "shared_expert.gate_proj")?;
+        let g = self.projection(
+            x,
+            h,
+            c.shared_intermediate_size,
+            false,
+            train,
+            "shared_expert.gate_proj",
+        )?;
         let g = self.unary(g, AtenOp::Silu, Keep::Input, false)?;
-        let u = self.projection(x, h, c.shared, false, train, "shared_expert.up_proj")?;
+        let u = self.projection(
+            x,
+            h,
+            c.shared_intermediate_size,
+            false,
+            train,
+            "shared_expert.up_proj",
+        )?;
         let p = self.mul(g, u)?;
-        let mut shared =
-            self.projection(p, c.shared, h, false, train, "shared_expert.down_proj")?;
+        let mut shared = self.projection(
+            p,
+            c.shared_intermediate_size,
+            h,
+            false,
+            train,
+            "shared_expert.down_proj",
+        )?;
         if c.shared_gate {
             let sg = self.projection(x, h, 1, false, train, "shared_expert_gate")?;
             let sg = self.unary(sg, AtenOp::Sigmoid, Keep::Output, false)?;
@@ -195,13 +228,4 @@ impl Tracer<'_> {
             vec![offsets],
         )
     }
-}
-
-pub(super) struct MoeCfg {
-    pub(super) experts: u64,
-    pub(super) top_k: u64,
-    pub(super) inter: u64,
-    pub(super) shared: u64,
-    pub(super) shared_gate: bool,
-    pub(super) normalize: bool,
 }

@@ -1,0 +1,209 @@
+//! `attention`, `cross_attention`, `moe`.
+
+use super::keys::{KeyReader, key};
+use crate::spec::{QkNormScope, Style};
+
+/// Whose attention module an `attention` layer follows (`style`); they lay tensors out
+/// differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnStyle {
+    /// transformers' attention modules: `[B, S, H]` projections split into heads with
+    /// `view` + `transpose(1, 2)`, merged back with `transpose(1, 2).contiguous()`.
+    Transformers,
+    /// `torch.nn.MultiheadAttention(batch_first=True)` (torchvision's ViT): a packed
+    /// in-projection of the sequence-first input, always through `scaled_dot_product_attention`.
+    TorchMha,
+}
+
+/// Where an attention layer RMS-normalizes its queries and keys (`qk_norm`, `qk_norm_scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Per head, over `head_dim`, on the `[B, S, heads, head_dim]` view (Qwen3's
+    /// `q_norm`/`k_norm`, `LlamaRMSNorm`): params `2·head_dim`.
+    Head,
+    /// Over the whole projection `[B, S, heads·head_dim]` before the heads are split
+    /// (OLMo-2's `q_norm`/`k_norm`, `Olmo2RMSNorm`): params `(heads + kv_heads)·head_dim`.
+    Projection,
+}
+
+/// Multi-head attention on `[B, S, H]`: Q, K, V projections (`heads·head_dim`,
+/// `kv_heads·head_dim`, `kv_heads·head_dim` outputs, fused or not), attention, and the output
+/// projection back to `H`. `attention` is self-attention; `cross_attention` (T5's decoder) takes
+/// its queries from the first input and projects keys and values from the second (the encoder
+/// output `[B, S_enc, H]`), with the keys `heads`, `head_dim`, `bias`, `out_bias` and
+/// `dropout` only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionCfg {
+    /// Whose module is modelled.
+    pub style: AttnStyle,
+    /// Query heads.
+    pub heads: u64,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: u64,
+    /// Head dimension (default `H / heads`).
+    pub head_dim: Option<u64>,
+    /// Causal mask (decoders).
+    pub causal: bool,
+    /// Causal attention stores K and V in transformers' `DynamicCache` (`use_cache`), which
+    /// copies them, in training too (default: true for causal attention).
+    pub kv_cache: bool,
+    /// Biases on the Q, K, V projections.
+    pub bias: bool,
+    /// Bias on the output projection (default: `bias`).
+    pub out_bias: bool,
+    /// One fused QKV projection (GPT-2's `c_attn`, ViT's `in_proj`).
+    pub fused_qkv: bool,
+    /// Rotary embedding applied to Q and K.
+    pub rotary: bool,
+    /// Dropout on the attention probabilities (training only).
+    pub dropout: f64,
+    /// RMSNorm on Q and K (Qwen3 per head, OLMo-2 over the projection).
+    pub qk_norm: Option<QkNorm>,
+    /// Adds the shared relative position bias (T5) to the scores.
+    pub position_bias: bool,
+    /// Sliding-window attention (Mistral): the inference KV cache holds at most this many
+    /// tokens.
+    pub sliding_window: Option<u64>,
+    /// Eager softmax in float32 (`softmax(.., dtype=torch.float32).to(query.dtype)`, as
+    /// transformers' Llama-family and T5 attention do): in a 16-bit model it keeps a float32
+    /// copy of the probabilities and a 16-bit one.
+    pub softmax_f32: bool,
+}
+
+impl AttentionCfg {
+    /// Reads an `attention` layer.
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let style = r.opt(key!(s.style));
+        let kv_cache = r.or(key!(s.kv_cache), true);
+        let heads = r.pos(key!(s.heads));
+        let kv_heads = r.pos_or(key!(s.kv_heads), heads);
+        let head_dim = r.pos_opt(key!(s.head_dim));
+        let causal = r.or(key!(s.causal), false);
+        let bias = r.or(key!(s.bias), true);
+        let out_bias = r.or(key!(s.out_bias), bias);
+        let fused_qkv = r.or(key!(s.fused_qkv), false);
+        let rotary = r.or(key!(s.rotary), false);
+        let dropout = r.prob(key!(s.dropout), 0.0);
+        let qk_norm = r.or(key!(s.qk_norm), false);
+        let qk_norm_scope = r.opt(key!(s.qk_norm_scope));
+        let position_bias = r.or(key!(s.position_bias), false);
+        let sliding_window = r.pos_opt(key!(s.sliding_window));
+        let softmax_f32 = r.or(key!(s.softmax_f32), false);
+        r.finish()?;
+        let style = match style {
+            None | Some(Style::Transformers) => AttnStyle::Transformers,
+            Some(Style::Torch) => AttnStyle::TorchMha,
+            Some(other) => {
+                return Err(format!(
+                    "`style` value `{}` does not apply to `attention`, expected \"transformers\" or \"torch\"",
+                    other.as_str()
+                ));
+            }
+        };
+        if !heads.is_multiple_of(kv_heads) {
+            return Err(format!(
+                "`heads` ({heads}) must be a multiple of `kv_heads` ({kv_heads})"
+            ));
+        }
+        let qk_norm = match (qk_norm, qk_norm_scope) {
+            (false, None) => None,
+            (false, Some(_)) => return Err("`qk_norm_scope` needs `qk_norm = true`".into()),
+            (true, None | Some(QkNormScope::Head)) => Some(QkNorm::Head),
+            (true, Some(QkNormScope::Projection)) => Some(QkNorm::Projection),
+        };
+        if qk_norm.is_some() && (fused_qkv || style == AttnStyle::TorchMha) {
+            return Err("`qk_norm` needs separate Q and K projections (not `fused_qkv` or style = \"torch\")".into());
+        }
+        Ok(AttentionCfg {
+            style,
+            heads,
+            kv_heads,
+            head_dim,
+            causal,
+            kv_cache,
+            bias,
+            out_bias,
+            fused_qkv,
+            rotary,
+            dropout,
+            qk_norm,
+            position_bias,
+            sliding_window,
+            softmax_f32,
+        })
+    }
+
+    /// Reads a `cross_attention` layer: non-causal, one projection per input, no cache
+    /// features.
+    pub(super) fn read_cross(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let heads = r.pos(key!(s.heads));
+        let head_dim = r.pos_opt(key!(s.head_dim));
+        let bias = r.or(key!(s.bias), true);
+        let out_bias = r.or(key!(s.out_bias), bias);
+        let dropout = r.prob(key!(s.dropout), 0.0);
+        r.finish()?;
+        Ok(AttentionCfg {
+            style: AttnStyle::Transformers,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            causal: false,
+            kv_cache: true,
+            bias,
+            out_bias,
+            fused_qkv: false,
+            rotary: false,
+            dropout,
+            qk_norm: None,
+            position_bias: false,
+            sliding_window: None,
+            softmax_f32: false,
+        })
+    }
+}
+
+/// A sparse mixture-of-experts MLP on `[B, S, H]` (Mixtral, Qwen-MoE) as transformers 5 runs it
+/// (`grouped_mm` experts): a router `H → experts`, softmax, top-k, tokens gathered per expert,
+/// SiLU-gated experts of width `intermediate_size`, weighted and scattered back; with a shared
+/// expert (Qwen-MoE) of width `shared_intermediate_size` on every token, optionally gated.
+/// Params: `experts·H + experts·3·H·I (+ 3·H·I_shared + H)`. Routing is assumed balanced: each
+/// expert sees `B·S·top_k/experts` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeCfg {
+    /// Experts.
+    pub experts: u64,
+    /// Experts per token.
+    pub top_k: u64,
+    /// Expert FFN width.
+    pub intermediate_size: u64,
+    /// Shared expert width (0: none).
+    pub shared_intermediate_size: u64,
+    /// Sigmoid gate on the shared expert.
+    pub shared_gate: bool,
+    /// Renormalize the top-k routing weights (Mixtral: yes; Qwen-MoE: `norm_topk_prob`).
+    pub normalize_topk: bool,
+}
+
+impl MoeCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = MoeCfg {
+            experts: r.pos(key!(s.experts)),
+            top_k: r.pos(key!(s.top_k)),
+            intermediate_size: r.pos(key!(s.intermediate_size)),
+            shared_intermediate_size: r.or(key!(s.shared_intermediate_size), 0),
+            shared_gate: r.or(key!(s.shared_gate), false),
+            normalize_topk: r.or(key!(s.normalize_topk), true),
+        };
+        r.finish()?;
+        if cfg.top_k > cfg.experts {
+            return Err(format!(
+                "`top_k` ({}) cannot exceed `experts` ({})",
+                cfg.top_k, cfg.experts
+            ));
+        }
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,131 @@
+//! `embedding`, `position_embedding`, `token_type_embedding`, `rotary`,
+//! `relative_position_bias`.
+
+use super::keys::{KeyReader, key};
+
+/// `nn.Embedding`: ids `[B, ..] → [B, .., D]`; params `N·D`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmbeddingCfg {
+    /// Vocabulary size N.
+    pub num_embeddings: u64,
+    /// Embedding size D.
+    pub embedding_dim: u64,
+    /// Name of an earlier embedding whose weight this one shares (T5's decoder `embed_tokens` is
+    /// the shared table).
+    pub tie: Option<String>,
+}
+
+impl EmbeddingCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = EmbeddingCfg {
+            num_embeddings: r.pos(key!(s.num_embeddings)),
+            embedding_dim: r.pos(key!(s.embedding_dim)),
+            tie: r.opt(key!(s.tie)),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// A learned absolute position table added to `[B, S, D]`: params `positions·D`; with
+/// `ids_buffer` the module holds an int64 `[1, ids_buffer]` id buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PositionEmbeddingCfg {
+    /// Rows of the table.
+    pub num_positions: u64,
+    /// Length of a registered int64 id buffer (0 for none).
+    pub ids_buffer: u64,
+}
+
+impl PositionEmbeddingCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = PositionEmbeddingCfg {
+            num_positions: r.pos(key!(s.num_positions)),
+            ids_buffer: r.or(key!(s.ids_buffer), 0),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// A learned token-type table (BERT's `token_type_embeddings`) looked up with all-zero ids and
+/// added to `[B, S, D]`: params `types·D`; with `ids_buffer` the ids are an expanded view of an
+/// int64 `[1, ids_buffer]` buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenTypeEmbeddingCfg {
+    /// Rows of the table (key `num_embeddings`).
+    pub num_types: u64,
+    /// Length of the registered int64 id buffer (0 for none).
+    pub ids_buffer: u64,
+}
+
+impl TokenTypeEmbeddingCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = TokenTypeEmbeddingCfg {
+            num_types: r.pos(key!(s.num_embeddings)),
+            ids_buffer: r.or(key!(s.ids_buffer), 0),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// Rotary position embedding tables for the attention layers that set `rotary`: buffers
+/// `inv_freq` and `original_inv_freq` (`head_dim/2` each); passes its input through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotaryCfg {
+    /// Head dimension (even).
+    pub head_dim: u64,
+    /// The rotated part is joined to the pass-through part with `torch.cat` (Phi-3's and
+    /// partial-rotary code), which makes Q and K contiguous `[B, heads, S, head_dim]`.
+    pub concat: bool,
+    /// `cos`/`sin` stay float32 whatever the activation dtype (OLMo-2's `Olmo2RotaryEmbedding`
+    /// returns them uncast): `apply_rotary_pos_emb` then computes in float32 and casts Q and K
+    /// back (`q_embed.to(q_type)`).
+    pub tables_f32: bool,
+}
+
+impl RotaryCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = RotaryCfg {
+            head_dim: r.pos(key!(s.head_dim)),
+            concat: r.or(key!(s.concat), false),
+            tables_f32: r.or(key!(s.tables_f32), false),
+        };
+        r.finish()?;
+        if !cfg.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "`head_dim` must be even for rotary embeddings, got {}",
+                cfg.head_dim
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+/// T5's relative position bias: an embedding of `num_buckets × heads` looked up with an int64
+/// `[S, S]` bucket matrix, giving a `[1, heads, S, S]` bias that later `attention` layers with
+/// `position_bias = true` add to their scores; passes its input through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelativePositionBiasCfg {
+    /// Buckets (default 32, T5's).
+    pub num_buckets: u64,
+    /// Heads.
+    pub heads: u64,
+}
+
+impl RelativePositionBiasCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = RelativePositionBiasCfg {
+            num_buckets: r.pos_or(key!(s.num_buckets), 32),
+            heads: r.pos(key!(s.heads)),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}

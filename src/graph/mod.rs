@@ -1,0 +1,399 @@
+//! The resolved model: typed layer operations with validated keys and resolved inputs.
+//!
+//! [`build`] turns the raw [`ModelSpec`] into a [`Model`]. Everything a file can get wrong that
+//! does not depend on the batch or sequence length is reported here, naming the layer; shape
+//! checks happen when the model is traced with concrete settings ([`crate::trace`]).
+//!
+//! Each layer kind is declared once: a config struct in this module's family files (`linear`,
+//! `conv`, `norm`, `embed`, `view`, `pool`, `pointwise`, `attention`), which documents the kind,
+//! reads its keys through a [`keys::KeyReader`] (so the keys it reads are the keys it accepts)
+//! and is what [`Op`] carries to the tracer.
+
+mod attention;
+mod conv;
+mod embed;
+pub(crate) mod keys;
+mod linear;
+mod norm;
+mod pointwise;
+mod pool;
+mod view;
+
+use std::collections::HashSet;
+
+pub use attention::{AttentionCfg, AttnStyle, MoeCfg, QkNorm};
+pub use conv::{ConvAxis, ConvCfg};
+pub use embed::{
+    EmbeddingCfg, PositionEmbeddingCfg, RelativePositionBiasCfg, RotaryCfg, TokenTypeEmbeddingCfg,
+};
+pub use linear::LinearCfg;
+pub use norm::{BatchNormCfg, GroupNormCfg, LayerNormCfg, RmsNormCfg, RmsStyle};
+pub use pointwise::{
+    Activation, AddCfg, Combine, ConcatCfg, CrossEntropyCfg, DropoutCfg, ParameterCfg, ScaleCfg,
+    SoftmaxCfg, StochasticDepthCfg,
+};
+pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
+pub use view::{FlattenCfg, NarrowCfg, PermuteCfg, ReshapeCfg, SelectCfg, TransposeCfg};
+
+use crate::dtype::DType;
+use crate::error::{Error, LayerErrorKind};
+use crate::spec::{DefaultsSpec, DimSpec, LayerKind, LayerSpec, ModelSpec};
+use keys::KeyReader;
+
+/// A validated model.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// Display name.
+    pub name: String,
+    /// Input dimensions after the batch.
+    pub input_dims: Vec<DimSpec>,
+    /// Input dtype when given (an integer type means token ids).
+    pub input_dtype: Option<DType>,
+    /// The file's defaults for the run settings.
+    pub defaults: DefaultsSpec,
+    /// Top-level layers in forward order.
+    pub layers: Vec<Layer>,
+}
+
+/// One layer: an operation or a repeated block.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// The layer's name (given, or `<kind><index>`).
+    pub name: String,
+    /// Human-readable position, e.g. `layer #3 "fc2" (linear)`, used in errors.
+    pub label: String,
+    /// The kind as written.
+    pub kind: LayerKind,
+    /// Where the layer's inputs come from.
+    pub inputs: Vec<InputRef>,
+    /// Whether its parameters train (`trainable = false` freezes them).
+    pub trainable: bool,
+    /// What it computes.
+    pub node: Node,
+}
+
+/// Where an input comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InputRef {
+    /// The previous layer's output (or the block's input for the first layer of a block).
+    Previous,
+    /// A named earlier layer, or `input` for the block's (or model's) input.
+    Named(String),
+}
+
+/// A layer's computation.
+#[derive(Clone, Debug)]
+pub enum Node {
+    /// A single operation.
+    Op(Op),
+    /// `count` copies of `body` applied in sequence, each with its own parameters. With more
+    /// than one copy, the body's output must have its input's shape and dtype.
+    Repeat {
+        /// Number of copies.
+        count: u64,
+        /// The layers of one copy.
+        body: Vec<Layer>,
+    },
+}
+
+/// One operation: a layer kind with its config. Shapes use `B` for the batch; parameters are
+/// counted per instance. Each config documents its kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `linear`.
+    Linear(LinearCfg),
+    /// `conv1d`, `conv2d`, `conv_transpose1d`, `conv_transpose2d`.
+    Conv(ConvCfg),
+    /// `batchnorm1d`, `batchnorm2d`.
+    BatchNorm(BatchNormCfg),
+    /// `layernorm`.
+    LayerNorm(LayerNormCfg),
+    /// `rmsnorm`.
+    RmsNorm(RmsNormCfg),
+    /// `groupnorm`.
+    GroupNorm(GroupNormCfg),
+    /// `embedding`.
+    Embedding(EmbeddingCfg),
+    /// `position_embedding`.
+    PositionEmbedding(PositionEmbeddingCfg),
+    /// `token_type_embedding`.
+    TokenTypeEmbedding(TokenTypeEmbeddingCfg),
+    /// `rotary`.
+    Rotary(RotaryCfg),
+    /// `parameter`.
+    Parameter(ParameterCfg),
+    /// `dropout`.
+    Dropout(DropoutCfg),
+    /// An activation function (shape preserved).
+    Activation(Activation),
+    /// `softmax`.
+    Softmax(SoftmaxCfg),
+    /// Elementwise product of two inputs (gated MLPs): keeps each factor for the other's
+    /// gradient.
+    Mul,
+    /// `add`.
+    Add(AddCfg),
+    /// `concat`.
+    Concat(ConcatCfg),
+    /// `maxpool2d`.
+    MaxPool2d(MaxPool2dCfg),
+    /// `avgpool2d`.
+    AvgPool2d(AvgPool2dCfg),
+    /// `adaptive_avgpool2d`.
+    AdaptiveAvgPool2d(AdaptiveAvgPool2dCfg),
+    /// `flatten`.
+    Flatten(FlattenCfg),
+    /// `reshape`.
+    Reshape(ReshapeCfg),
+    /// `transpose`.
+    Transpose(TransposeCfg),
+    /// `permute`.
+    Permute(PermuteCfg),
+    /// `narrow`.
+    Narrow(NarrowCfg),
+    /// `select`.
+    Select(SelectCfg),
+    /// `attention` (self-attention).
+    Attention(AttentionCfg),
+    /// `cross_attention`: two inputs, the queries' source and the encoder output.
+    CrossAttention(AttentionCfg),
+    /// `relative_position_bias`.
+    RelativePositionBias(RelativePositionBiasCfg),
+    /// `moe`.
+    Moe(MoeCfg),
+    /// `stochastic_depth`.
+    StochasticDepth(StochasticDepthCfg),
+    /// T5's `_shift_right` of the labels: a new int64 tensor of the input's shape (the
+    /// decoder's input ids).
+    ShiftRight,
+    /// `scale`.
+    Scale(ScaleCfg),
+    /// `cross_entropy`.
+    CrossEntropy(CrossEntropyCfg),
+}
+
+/// Reserved name for the input of the model or of the enclosing block.
+pub const INPUT: &str = "input";
+
+/// Validates a parsed description and resolves it into a [`Model`].
+///
+/// # Errors
+/// [`Error::Layer`] naming the first layer with a missing, inapplicable or invalid key, a
+/// duplicate name, or an input that names no earlier layer.
+pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
+    if spec.input.shape.is_empty() {
+        return Err(Error::Model(
+            "input.shape is empty: give the per-sample shape, e.g. [3, 224, 224] or [\"seq\"]"
+                .into(),
+        ));
+    }
+    for d in &spec.input.shape {
+        if *d == DimSpec::Fixed(0) {
+            return Err(Error::Model(
+                "input.shape has a zero dimension: every dimension must be positive".into(),
+            ));
+        }
+    }
+    if spec.layers.is_empty() {
+        return Err(Error::Model(
+            "the model has no layers: add at least one [[layers]] entry".into(),
+        ));
+    }
+    let mut scopes: Vec<HashSet<String>> = Vec::new();
+    let layers = build_layers(&spec.layers, "", &mut scopes, true)?;
+    Ok(Model {
+        name: spec
+            .name
+            .clone()
+            .unwrap_or_else(|| default_name.to_string()),
+        input_dims: spec.input.shape.clone(),
+        input_dtype: spec.input.dtype,
+        defaults: spec.defaults.clone(),
+        layers,
+    })
+}
+
+fn build_layers(
+    specs: &[LayerSpec],
+    prefix: &str,
+    scopes: &mut Vec<HashSet<String>>,
+    parent_trainable: bool,
+) -> Result<Vec<Layer>, Error> {
+    scopes.push(HashSet::new());
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        // An unnamed layer is `<kind><position>` (`relu2`), made unique against the names the
+        // block's layers are given.
+        let name = spec.name.clone().unwrap_or_else(|| {
+            let base = format!("{}{}", spec.kind, i + 1);
+            let taken = |n: &str| specs.iter().any(|l| l.name.as_deref() == Some(n));
+            let mut name = base.clone();
+            let mut k = 2;
+            while taken(&name) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            name
+        });
+        if name.is_empty() {
+            return Err(Error::layer(
+                format!("{prefix}layer #{} ({})", i + 1, spec.kind),
+                LayerErrorKind::Invalid("`name` is empty".into()),
+            ));
+        }
+        let label = format!("{prefix}layer #{} \"{name}\" ({})", i + 1, spec.kind);
+        let fail = |message: String| Error::layer(label.clone(), LayerErrorKind::Invalid(message));
+        if spec.name.as_deref() == Some(INPUT) {
+            return Err(fail(format!(
+                "the name `{INPUT}` is reserved for the block's input"
+            )));
+        }
+        let inputs = match &spec.inputs {
+            None => vec![InputRef::Previous],
+            Some(list) if list.is_empty() => {
+                return Err(fail(
+                    "`inputs` is empty: name at least one earlier layer, or leave it out".into(),
+                ));
+            }
+            Some(list) => {
+                let mut refs = Vec::new();
+                for n in list {
+                    if n != INPUT && !scopes.iter().any(|s| s.contains(n)) {
+                        let known: Vec<&str> =
+                            scopes.iter().flatten().map(String::as_str).collect();
+                        let hint = crate::error::nearest(n, &known)
+                            .map(|k| format!(" (did you mean `{k}`?)"))
+                            .unwrap_or_default();
+                        return Err(fail(format!(
+                            "input `{n}` names no earlier layer{hint}; inputs may name earlier layers of this block or enclosing blocks, or `{INPUT}`"
+                        )));
+                    }
+                    refs.push(InputRef::Named(n.clone()));
+                }
+                refs
+            }
+        };
+        let trainable = parent_trainable && spec.trainable.unwrap_or(true);
+        let node = if spec.kind == LayerKind::Repeat {
+            let (count, body_specs) = read_repeat(spec, &name).map_err(&fail)?;
+            if body_specs.is_empty() {
+                return Err(fail(
+                    "`layers` is empty: a block needs at least one layer".into(),
+                ));
+            }
+            let body = build_layers(body_specs, &format!("{label} > "), scopes, trainable)?;
+            Node::Repeat { count, body }
+        } else {
+            Node::Op(build_op(spec, &name).map_err(&fail)?)
+        };
+        if let Node::Op(Op::CrossAttention(_)) = &node {
+            if inputs.len() != 2 {
+                return Err(fail("`cross_attention` takes two `inputs`: the queries' source and the encoder output, e.g. inputs = [\"ln\", \"encoder\"]".into()));
+            }
+        } else if let Node::Op(Op::Add(_) | Op::Mul | Op::Concat(_)) = &node {
+            if inputs.len() < 2 && !matches!(node, Node::Op(Op::Concat(_))) {
+                return Err(fail(format!(
+                    "`{}` needs at least two `inputs`, e.g. inputs = [\"{INPUT}\", \"conv3\"]",
+                    spec.kind
+                )));
+            }
+            if matches!(node, Node::Op(Op::Mul)) && inputs.len() != 2 {
+                return Err(fail("`mul` takes exactly two `inputs`".into()));
+            }
+        } else if inputs.len() > 1 {
+            return Err(fail(format!(
+                "`{}` takes one input, got {}",
+                spec.kind,
+                inputs.len()
+            )));
+        }
+        let scope = scopes.last_mut().expect("a scope was pushed above");
+        if !scope.insert(name.clone()) {
+            return Err(fail(format!("duplicate layer name `{name}` in this block")));
+        }
+        out.push(Layer {
+            name,
+            label,
+            kind: spec.kind,
+            inputs,
+            trainable,
+            node,
+        });
+    }
+    scopes.pop();
+    Ok(out)
+}
+
+/// Reads a `repeat` block's keys: its copy count (at least 1) and its body.
+fn read_repeat<'a>(s: &'a LayerSpec, name: &str) -> Result<(u64, &'a [LayerSpec]), String> {
+    let mut r = KeyReader::new(s, name);
+    let count = r.or(keys::key!(s.count), 1);
+    let body = r.opt(keys::key!(ref s.layers));
+    r.finish()?;
+    if count == 0 {
+        return Err("`count` must be at least 1".into());
+    }
+    let body = body.ok_or("missing `layers` (the block's body)")?;
+    Ok((count, body))
+}
+
+/// Reads a layer's keys into its kind's config (the kind's reader rejects keys it does not
+/// read).
+fn build_op(s: &LayerSpec, name: &str) -> Result<Op, String> {
+    use LayerKind as K;
+    let r = &mut KeyReader::new(s, name);
+    Ok(match s.kind {
+        K::Repeat => unreachable!("handled by the caller"),
+        K::Linear => Op::Linear(LinearCfg::read(r)?),
+        K::Conv1d | K::Conv2d | K::ConvTranspose1d | K::ConvTranspose2d => {
+            Op::Conv(ConvCfg::read(r)?)
+        }
+        K::BatchNorm1d | K::BatchNorm2d => Op::BatchNorm(BatchNormCfg::read(r)?),
+        K::LayerNorm => Op::LayerNorm(LayerNormCfg::read(r)?),
+        K::RmsNorm => Op::RmsNorm(RmsNormCfg::read(r)?),
+        K::GroupNorm => Op::GroupNorm(GroupNormCfg::read(r)?),
+        K::Embedding => Op::Embedding(EmbeddingCfg::read(r)?),
+        K::PositionEmbedding => Op::PositionEmbedding(PositionEmbeddingCfg::read(r)?),
+        K::TokenTypeEmbedding => Op::TokenTypeEmbedding(TokenTypeEmbeddingCfg::read(r)?),
+        K::Rotary => Op::Rotary(RotaryCfg::read(r)?),
+        K::Parameter => Op::Parameter(ParameterCfg::read(r)?),
+        K::Dropout => Op::Dropout(DropoutCfg::read(r)?),
+        K::Relu
+        | K::Relu6
+        | K::Hardswish
+        | K::Hardsigmoid
+        | K::LeakyRelu
+        | K::Gelu
+        | K::GeluNew
+        | K::Silu
+        | K::Tanh
+        | K::Sigmoid => Op::Activation(Activation::read(r)?),
+        K::Softmax => Op::Softmax(SoftmaxCfg::read(r)?),
+        K::Mul => {
+            r.finish()?;
+            Op::Mul
+        }
+        K::Add => Op::Add(AddCfg::read(r)?),
+        K::Concat => Op::Concat(ConcatCfg::read(r)?),
+        K::MaxPool2d => Op::MaxPool2d(MaxPool2dCfg::read(r)?),
+        K::AvgPool2d => Op::AvgPool2d(AvgPool2dCfg::read(r)?),
+        K::AdaptiveAvgPool2d => Op::AdaptiveAvgPool2d(AdaptiveAvgPool2dCfg::read(r)?),
+        K::Flatten => Op::Flatten(FlattenCfg::read(r)?),
+        K::Reshape => Op::Reshape(ReshapeCfg::read(r)?),
+        K::Transpose => Op::Transpose(TransposeCfg::read(r)?),
+        K::Permute => Op::Permute(PermuteCfg::read(r)?),
+        K::Narrow => Op::Narrow(NarrowCfg::read(r)?),
+        K::Select => Op::Select(SelectCfg::read(r)?),
+        K::Attention => Op::Attention(AttentionCfg::read(r)?),
+        K::CrossAttention => Op::CrossAttention(AttentionCfg::read_cross(r)?),
+        K::RelativePositionBias => Op::RelativePositionBias(RelativePositionBiasCfg::read(r)?),
+        K::Moe => Op::Moe(MoeCfg::read(r)?),
+        K::StochasticDepth => Op::StochasticDepth(StochasticDepthCfg::read(r)?),
+        K::ShiftRight => {
+            r.finish()?;
+            Op::ShiftRight
+        }
+        K::Scale => Op::Scale(ScaleCfg::read(r)?),
+        K::CrossEntropy => Op::CrossEntropy(CrossEntropyCfg::read(r)?),
+    })
+}

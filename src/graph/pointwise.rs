@@ -1,0 +1,267 @@
+//! Activations, `dropout`, `softmax`, `add`, `mul`, `concat`, `parameter`, `stochastic_depth`,
+//! `scale`, `cross_entropy`.
+
+use super::keys::{KeyReader, key};
+use crate::spec::{CombineKind, LayerKind};
+
+/// Activation functions, with the tensors autograd keeps for each (see [`crate::trace`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `relu`: keeps its output. `inplace` writes into the input's memory.
+    Relu {
+        /// `nn.ReLU(inplace=True)`.
+        inplace: bool,
+    },
+    /// `relu6` (`hardtanh(0, 6)`): keeps its input (its output when in place).
+    Relu6 {
+        /// `nn.ReLU6(inplace=True)`.
+        inplace: bool,
+    },
+    /// `hardswish`: keeps its input (a clone of it when in place).
+    Hardswish {
+        /// `nn.Hardswish(inplace=True)`.
+        inplace: bool,
+    },
+    /// `hardsigmoid`: keeps its input (a clone of it when in place).
+    Hardsigmoid {
+        /// `nn.Hardsigmoid(inplace=True)`.
+        inplace: bool,
+    },
+    /// `leaky_relu`: keeps its input, or its output when in place (`leaky_relu_`).
+    LeakyRelu {
+        /// `nn.LeakyReLU(inplace=True)`.
+        inplace: bool,
+    },
+    /// `gelu` (`F.gelu`, erf or `approximate="tanh"`): keeps its input.
+    Gelu,
+    /// `gelu_new`: the tanh approximation written out in Python (transformers'
+    /// `NewGELUActivation`): keeps its input, `tanh(..)`, `0.5·x` and `1 + tanh(..)`.
+    GeluNew,
+    /// `silu` (`F.silu`): keeps its input (a clone of it when in place).
+    Silu {
+        /// `nn.SiLU(inplace=True)`.
+        inplace: bool,
+    },
+    /// `tanh`: keeps its output.
+    Tanh,
+    /// `sigmoid`: keeps its output.
+    Sigmoid,
+}
+
+impl Activation {
+    /// Reads an activation kind (`relu` … `sigmoid`).
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        use LayerKind as K;
+        let s = r.spec();
+        let act = match r.kind() {
+            K::Gelu => {
+                // Both forms keep the input: the value does not change the estimate.
+                r.opt(key!(s.approximate));
+                Activation::Gelu
+            }
+            K::GeluNew => Activation::GeluNew,
+            K::Tanh => Activation::Tanh,
+            K::Sigmoid => Activation::Sigmoid,
+            kind => {
+                let inplace = r.or(key!(s.inplace), false);
+                match kind {
+                    K::Relu => Activation::Relu { inplace },
+                    K::Relu6 => Activation::Relu6 { inplace },
+                    K::Hardswish => Activation::Hardswish { inplace },
+                    K::Hardsigmoid => Activation::Hardsigmoid { inplace },
+                    K::LeakyRelu => Activation::LeakyRelu { inplace },
+                    K::Silu => Activation::Silu { inplace },
+                    other => return Err(format!("`{other}` is not an activation")),
+                }
+            }
+        };
+        r.finish()?;
+        Ok(act)
+    }
+}
+
+/// `nn.Dropout(p)`: identity in inference or when `p = 0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutCfg {
+    /// Drop probability (default 0.5).
+    pub p: f64,
+    /// Writes into its input.
+    pub inplace: bool,
+}
+
+impl DropoutCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = DropoutCfg {
+            p: r.prob(key!(s.p), 0.5),
+            inplace: r.or(key!(s.inplace), false),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// `softmax(dim)`: keeps its output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftmaxCfg {
+    /// Dimension (default -1).
+    pub dim: i64,
+}
+
+impl SoftmaxCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = SoftmaxCfg {
+            dim: r.or(key!(s.dim), -1),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// Elementwise sum of two or more inputs (residuals).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddCfg {
+    /// Writes into the first input (`out += identity`).
+    pub inplace: bool,
+}
+
+impl AddCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = AddCfg {
+            inplace: r.or(key!(s.inplace), false),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// Concatenation of the inputs along a dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConcatCfg {
+    /// Dimension (negative counts from the end; default 1).
+    pub dim: i64,
+}
+
+impl ConcatCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = ConcatCfg {
+            dim: r.or(key!(s.dim), 1),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// How a free parameter tensor joins the activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    /// Expanded over the batch and concatenated along a dimension (ViT's class token).
+    Concat(i64),
+    /// Broadcast and added (ViT's position embedding).
+    Add,
+    /// Broadcast and multiplied (ConvNeXt's layer scale): keeps the input for the parameter's
+    /// gradient.
+    Mul,
+}
+
+/// A free parameter tensor of the given shape joined to the activations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParameterCfg {
+    /// Parameter shape.
+    pub shape: Vec<u64>,
+    /// How it joins (`combine`, and `dim` for `concat`).
+    pub combine: Combine,
+}
+
+impl ParameterCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let shape = r.req(key!(s.shape), " (the parameter's shape, e.g. [1, 1, 768])");
+        let combine = r.opt(key!(s.combine));
+        let dim = r.opt(key!(s.dim));
+        r.finish()?;
+        let mut dims = Vec::with_capacity(shape.len());
+        for &d in &shape {
+            match u64::try_from(d) {
+                Ok(v) if v > 0 => dims.push(v),
+                _ => return Err(format!("`shape` dimensions must be positive, got {d}")),
+            }
+        }
+        let combine = match combine {
+            Some(CombineKind::Concat) => Combine::Concat(dim.unwrap_or(1)),
+            _ if dim.is_some() => {
+                return Err("`dim` applies only with combine = \"concat\"".into());
+            }
+            Some(CombineKind::Mul) => Combine::Mul,
+            Some(CombineKind::Add) | None => Combine::Add,
+        };
+        Ok(ParameterCfg {
+            shape: dims,
+            combine,
+        })
+    }
+}
+
+/// torchvision's `StochasticDepth(p, "row")`: in training multiplies by a `[B, 1, ..]` noise
+/// tensor, which it keeps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StochasticDepthCfg {
+    /// Drop probability.
+    pub p: f64,
+}
+
+impl StochasticDepthCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = StochasticDepthCfg {
+            p: r.prob(key!(s.p), 0.0),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
+/// Multiplication by a constant (T5's `sequence_output * d_model**-0.5`, Gemma's embedding
+/// normalizer): a new tensor, nothing kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScaleCfg {
+    /// The factor (informational; finite).
+    pub factor: f64,
+}
+
+impl ScaleCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let factor = r.req(key!(s.factor), "");
+        r.finish()?;
+        if !factor.is_finite() {
+            return Err(format!("`factor` must be a finite number, got {factor}"));
+        }
+        Ok(ScaleCfg { factor })
+    }
+}
+
+/// Cross-entropy loss on logits `[N, C]` or `[B, S, V]` against int64 labels; ends the forward
+/// pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrossEntropyCfg {
+    /// Shifts the labels for causal language modelling.
+    pub shift: bool,
+    /// Computes it on a float32 copy of the logits (transformers' `logits.float()`).
+    pub upcast: bool,
+}
+
+impl CrossEntropyCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = CrossEntropyCfg {
+            shift: r.or(key!(s.shift), false),
+            upcast: r.or(key!(s.upcast), false),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,279 @@
+//! `embedding`, `position_embedding`, `token_type_embedding`, `rotary`,
+//! `relative_position_bias`.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::graph::{
+    EmbeddingCfg, PositionEmbeddingCfg, RelativePositionBiasCfg, RotaryCfg, TokenTypeEmbeddingCfg,
+};
+
+/// Ids `[B, ..] → [B, .., D]`.
+pub(super) fn embedding_shape(c: &EmbeddingCfg, ids: &Shape) -> Shape {
+    let mut dims = ids.dims().to_vec();
+    dims.push(c.embedding_dim);
+    Shape::new(dims)
+}
+
+/// A position table keeps `[B, S, D]`; `S` must not exceed the table.
+pub(super) fn position_shape(c: &PositionEmbeddingCfg, x: &Shape) -> Result<Shape, ShapeError> {
+    match *x.dims() {
+        [_, s, _] if s > c.num_positions => invalid(format!(
+            "sequence length {s} exceeds num_positions = {}",
+            c.num_positions
+        )),
+        _ => Ok(x.clone()),
+    }
+}
+
+impl Tracer<'_> {
+    /// `nn.Embedding`: derivatives.yaml `embedding` saves the indices only.
+    pub(super) fn embedding(
+        &mut self,
+        c: &EmbeddingCfg,
+        name: &str,
+        x: ValueId,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        if xv.dtype.is_float() {
+            return Err(self.err(format!(
+                "input is {} {}, expected integer token ids (set input.dtype = \"int64\")",
+                xv.dtype, xv.shape
+            )));
+        }
+        let w = match &c.tie {
+            Some(tied) => self.tied(tied, c.num_embeddings, c.embedding_dim)?,
+            None => self.param(Shape::from([c.num_embeddings, c.embedding_dim]), train)?,
+        };
+        self.embeddings.insert(name.to_string(), w);
+        let dtype = self.param_dtype();
+        let rg = self.rg(w);
+        let y = self.fresh(embedding_shape(c, &xv.shape), dtype, "output", rg)?;
+        self.push(Step {
+            op: AtenOp::Embedding,
+            inputs: vec![w, x],
+            outputs: vec![y],
+            saves: vec![xv.storage],
+            ..self.blank()
+        });
+        Ok(y)
+    }
+
+    /// A learned position table added to `[B, S, D]`.
+    pub(super) fn position_embedding(
+        &mut self,
+        c: &PositionEmbeddingCfg,
+        x: ValueId,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let (_, s, h) = self.bsh(&xv)?;
+        self.shaped(position_shape(c, &xv.shape))?;
+        let w = self.param(Shape::from([c.num_positions, h]), train)?;
+        let ids = if c.ids_buffer > 0 {
+            self.buffer(Shape::from([1, c.ids_buffer]), DType::Int64, "position ids")?
+        } else {
+            self.storage(
+                &Shape::from([1, s]),
+                DType::Int64,
+                StorageKind::Activation,
+                "position ids",
+            )?
+        };
+        self.add_lookup(
+            x,
+            w,
+            ids,
+            Shape::from([1, s]),
+            Shape::from([1, s, h]),
+            "position embeddings",
+        )
+    }
+
+    /// A learned token-type table looked up with all-zero ids and added to `[B, S, D]`.
+    pub(super) fn token_type_embedding(
+        &mut self,
+        c: &TokenTypeEmbeddingCfg,
+        x: ValueId,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let (bsz, s, h) = self.bsh(&xv)?;
+        if c.ids_buffer > 0 && s > c.ids_buffer {
+            return Err(self.err(format!(
+                "sequence length {s} exceeds the ids buffer ({})",
+                c.ids_buffer
+            )));
+        }
+        let w = self.param(Shape::from([c.num_types, h]), train)?;
+        // All-zero type ids: an expanded view of the module's buffer, or a new tensor.
+        let ids = if c.ids_buffer > 0 {
+            // BertEmbeddings gathers `[1, S]` ids out of its buffer: a new tensor.
+            self.buffer(
+                Shape::from([1, c.ids_buffer]),
+                DType::Int64,
+                "token type ids",
+            )?;
+            self.storage(
+                &Shape::from([1, s]),
+                DType::Int64,
+                StorageKind::Activation,
+                "gathered token type ids",
+            )?
+        } else {
+            self.storage(
+                &Shape::from([bsz, s]),
+                DType::Int64,
+                StorageKind::Activation,
+                "token type ids",
+            )?
+        };
+        self.add_lookup(
+            x,
+            w,
+            ids,
+            Shape::from([bsz, s]),
+            Shape::from([bsz, s, h]),
+            "token type embeddings",
+        )
+    }
+
+    /// Rotary tables: buffers `inv_freq` and `original_inv_freq`, and `cos`/`sin`
+    /// `[1, S, head_dim]` shared by every attention layer after it; passes `x` through.
+    pub(super) fn rotary(&mut self, c: &RotaryCfg, x: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let (_, seq, _) = self.bsh(&xv)?;
+        let half = c.head_dim / 2;
+        let bdt = self.param_dtype();
+        self.buffer(Shape::from([half]), bdt, "inv_freq")?;
+        self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
+        // cos and sin, [1, S, head_dim] in the activation dtype, shared by every layer.
+        let table = Shape::from([1, seq, c.head_dim]);
+        let dt = if self.s.amp.is_some() || c.tables_f32 {
+            DType::Float32
+        } else {
+            self.act_dtype()
+        };
+        let cos = self.storage(&table, dt, StorageKind::Activation, "rope cos")?;
+        let sin = self.storage(&table, dt, StorageKind::Activation, "rope sin")?;
+        self.push(Step {
+            op: AtenOp::RotaryTables,
+            allocs: vec![cos, sin],
+            ..self.blank()
+        });
+        self.tape.held.extend([cos, sin]);
+        self.rope = Some(Rope {
+            cos,
+            sin,
+            concat: c.concat,
+            tables_f32: c.tables_f32,
+        });
+        Ok(x)
+    }
+
+    /// T5Attention.compute_bias: int64 bucket ids `[S, S]` (kept by the embedding lookup),
+    /// values `[S, S, heads]` permuted to a `[1, heads, S, S]` bias; passes `x` through.
+    pub(super) fn relative_position_bias(
+        &mut self,
+        c: &RelativePositionBiasCfg,
+        x: ValueId,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let (_, s, _) = self.bsh(&xv)?;
+        let w = self.param(Shape::from([c.num_buckets, c.heads]), train)?;
+        let buckets = self.storage(
+            &Shape::from([s, s]),
+            DType::Int64,
+            StorageKind::Activation,
+            "relative position buckets",
+        )?;
+        let ids = self.value(
+            buckets,
+            Shape::from([s, s]),
+            DType::Int64,
+            Layout::Contiguous,
+            false,
+            false,
+        );
+        self.push(Step {
+            op: AtenOp::RelativePositionBucket,
+            outputs: vec![ids],
+            ..self.blank()
+        });
+        let rg = self.rg(w);
+        let bias = self.fresh(
+            Shape::from([1, c.heads, s, s]),
+            self.act_dtype(),
+            "position bias",
+            rg,
+        )?;
+        self.push(Step {
+            op: AtenOp::Embedding,
+            inputs: vec![w, ids],
+            outputs: vec![bias],
+            saves: vec![buckets],
+            ..self.blank()
+        });
+        self.position_bias = Some(bias);
+        Ok(x)
+    }
+
+    /// `x + table[ids]` (learned position and token-type tables): the lookup keeps its ids,
+    /// which are a new tensor unless they are a view of a buffer.
+    fn add_lookup(
+        &mut self,
+        x: ValueId,
+        w: ValueId,
+        ids: StorageId,
+        ids_shape: Shape,
+        out_shape: Shape,
+        what: &'static str,
+    ) -> Result<ValueId, Error> {
+        let ids_v = self.value(ids, ids_shape, DType::Int64, Layout::Strided, false, false);
+        let rg = self.rg(w);
+        let looked_up = self.fresh(out_shape, self.param_dtype(), what, rg)?;
+        let allocs = if self.tape.storages[ids].kind == StorageKind::Activation {
+            vec![ids]
+        } else {
+            Vec::new()
+        };
+        self.push(Step {
+            op: AtenOp::Embedding,
+            inputs: vec![w, ids_v],
+            outputs: vec![looked_up],
+            allocs,
+            saves: vec![ids],
+            ..self.blank()
+        });
+        self.add(&[x, looked_up], false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedding_appends_the_dimension() {
+        let c = EmbeddingCfg {
+            num_embeddings: 10,
+            embedding_dim: 8,
+            tie: None,
+        };
+        assert_eq!(
+            embedding_shape(&c, &Shape::from([2, 5])),
+            Shape::from([2, 5, 8])
+        );
+    }
+
+    #[test]
+    fn position_table_bounds_the_sequence() {
+        let c = PositionEmbeddingCfg {
+            num_positions: 4,
+            ids_buffer: 0,
+        };
+        assert!(position_shape(&c, &Shape::from([2, 4, 8])).is_ok());
+        assert!(position_shape(&c, &Shape::from([2, 5, 8])).is_err());
+    }
+}

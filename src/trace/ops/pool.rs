@@ -1,0 +1,140 @@
+//! `maxpool2d`, `avgpool2d`, `adaptive_avgpool2d`.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::graph::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
+
+/// `[B, C, H, W] → [B, C, H', W']` for a pooling window (see `window_out`).
+#[allow(clippy::too_many_arguments)]
+fn pooled(
+    x: &Shape,
+    kernel: Pair,
+    stride: Pair,
+    padding: Pair,
+    dilation: Pair,
+    ceil: bool,
+) -> Result<Shape, ShapeError> {
+    let [b, c, h, w] = *x.dims() else {
+        return invalid(format!(
+            "input {x} has rank {}, expected [batch, channels, height, width]",
+            x.rank()
+        ));
+    };
+    let oh = window_out(h, kernel.0, stride.0, padding.0, dilation.0, ceil, x)?;
+    let ow = window_out(w, kernel.1, stride.1, padding.1, dilation.1, ceil, x)?;
+    Ok(Shape::from([b, c, oh, ow]))
+}
+
+/// `nn.MaxPool2d`'s output shape.
+pub(super) fn max_pool_shape(c: &MaxPool2dCfg, x: &Shape) -> Result<Shape, ShapeError> {
+    pooled(x, c.kernel, c.stride, c.padding, c.dilation, c.ceil_mode)
+}
+
+/// `nn.AvgPool2d`'s output shape.
+pub(super) fn avg_pool_shape(c: &AvgPool2dCfg, x: &Shape) -> Result<Shape, ShapeError> {
+    pooled(x, c.kernel, c.stride, c.padding, Pair(1, 1), c.ceil_mode)
+}
+
+impl Tracer<'_> {
+    /// derivatives.yaml `max_pool2d_with_indices`: saves input and the int64 indices.
+    pub(super) fn max_pool2d(&mut self, c: &MaxPool2dCfg, x: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        self.nchw(&xv)?;
+        let shape = self.shaped(max_pool_shape(c, &xv.shape))?;
+        let y = self.fresh(shape.clone(), xv.dtype, "output", xv.requires_grad)?;
+        let mut step = Step {
+            op: AtenOp::MaxPool2dWithIndices,
+            inputs: vec![x],
+            outputs: vec![y],
+            ..self.blank()
+        };
+        let idx = self.storage(&shape, DType::Int64, StorageKind::Activation, "indices")?;
+        step.allocs.push(idx);
+        step.saves = vec![xv.storage, idx];
+        self.push(step);
+        Ok(y)
+    }
+
+    /// `avg_pool2d`: keeps its input.
+    pub(super) fn avg_pool2d(&mut self, c: &AvgPool2dCfg, x: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        self.nchw(&xv)?;
+        let shape = self.shaped(avg_pool_shape(c, &xv.shape))?;
+        let y = self.fresh(shape, xv.dtype, "output", xv.requires_grad)?;
+        self.push(Step {
+            op: AtenOp::AvgPool2d,
+            inputs: vec![x],
+            outputs: vec![y],
+            saves: vec![xv.storage],
+            ..self.blank()
+        });
+        Ok(y)
+    }
+
+    /// `adaptive_avg_pool2d`: a 1×1 output runs as a mean.
+    pub(super) fn adaptive_avg_pool2d(
+        &mut self,
+        c: &AdaptiveAvgPool2dCfg,
+        x: ValueId,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let (b, ch, _, _) = self.nchw(&xv)?;
+        let y = self.fresh(
+            Shape::from([b, ch, c.output.0, c.output.1]),
+            xv.dtype,
+            "output",
+            xv.requires_grad,
+        )?;
+        if c.output == Pair(1, 1) {
+            // ATen's adaptive_avg_pool2d runs `mean(-1, -2, keepdim)` for a 1×1 output, whose
+            // backward needs only sizes.
+            self.push(Step {
+                op: AtenOp::Mean,
+                inputs: vec![x],
+                outputs: vec![y],
+                ..self.blank()
+            });
+        } else {
+            self.push(Step {
+                op: AtenOp::AdaptiveAvgPool2d,
+                inputs: vec![x],
+                outputs: vec![y],
+                saves: vec![xv.storage],
+                ..self.blank()
+            });
+        }
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_shapes() {
+        let c = MaxPool2dCfg {
+            kernel: Pair(3, 3),
+            stride: Pair(2, 2),
+            padding: Pair(1, 1),
+            dilation: Pair(1, 1),
+            ceil_mode: false,
+        };
+        // ResNet's stem pool: (112 + 2 − 3)/2 + 1 = 56.
+        assert_eq!(
+            max_pool_shape(&c, &Shape::from([2, 64, 112, 112])),
+            Ok(Shape::from([2, 64, 56, 56]))
+        );
+        assert!(max_pool_shape(&c, &Shape::from([2, 64, 112])).is_err());
+        let a = AvgPool2dCfg {
+            kernel: Pair(2, 2),
+            stride: Pair(2, 2),
+            padding: Pair(0, 0),
+            ceil_mode: true,
+        };
+        assert_eq!(
+            avg_pool_shape(&a, &Shape::from([1, 3, 7, 7])),
+            Ok(Shape::from([1, 3, 4, 4]))
+        );
+    }
+}
