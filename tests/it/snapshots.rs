@@ -336,3 +336,35 @@ mod error {
         );
     }
 }
+
+/// `--format json` of every tiny model in `tests/fixtures/kinds/` (one per layer kind) and
+/// `tests/fixtures/extra/` (the extra measured families; its memest files at batch 4 and
+/// sequence 64): one snapshot per file,
+/// `fixture_models@<folder>__<file>.snap`. insta reports every mismatching file, not only the
+/// first.
+#[test]
+fn fixture_models() {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.bind(|| {
+        insta::glob!("../fixtures", "{kinds,extra}/*.{toml,json}", |file| {
+            let rel = file
+                .strip_prefix(crate::common::root())
+                .expect("fixtures lie under the crate root")
+                .to_str()
+                .expect("fixture paths are UTF-8");
+            // The extra memest files leave the sequence length to the command line; use the
+            // measured cases' (tests/data/extra-cases-cli.json).
+            let mut args = vec![rel];
+            if rel.starts_with("tests/fixtures/extra/") && rel.ends_with(".toml") {
+                args.extend(["--batch", "4", "--seq", "64"]);
+            }
+            args.extend(["--format", "json"]);
+            let out = memest(&args);
+            let mut inner = insta::Settings::clone_current();
+            inner.set_description(format!("memest {}", args.join(" ")));
+            inner.bind(|| insta::assert_snapshot!(transcript(&out)));
+        });
+    });
+}
