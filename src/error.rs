@@ -254,7 +254,7 @@ impl std::error::Error for Located {}
 const MIN_SIMILARITY: f64 = 0.6;
 
 /// The candidate most like `word` (the first of equals), if it is close enough to be a likely
-/// typo: at most 2 edits in 5 characters, 4 in 10 (see [`MIN_SIMILARITY`]).
+/// typo: at most 2 edits in 5 characters, 4 in 10 (see `MIN_SIMILARITY`).
 #[must_use]
 pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     let mut best: Option<(f64, &'a str)> = None;

@@ -11,7 +11,7 @@
 //! `BertForMaskedLM` → MLM head, `…ForSequenceClassification` → classifier and cross-entropy,
 //! `…Model` → the bare model); [`Head`] picks another.
 //!
-//! Layout: [`DECODERS`] (here) holds one row per Llama-style decoder family, what its
+//! Layout: `DECODERS` (here) holds one row per Llama-style decoder family, what its
 //! transformers config class and modeling file do differently, and `decoder.rs` builds any of
 //! them from its row; `gpt2.rs`, `bert.rs` and `t5.rs` build the three other families;
 //! `config.rs` reads the config's fields with serde; `layers.rs` has the layer constructors.
