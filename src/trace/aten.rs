@@ -6,7 +6,7 @@
 //! Python code it stands for (`rotary`, `repeat_kv`). [`AtenOp::name`] gives the ATen name.
 //!
 //! [`AtenOp::spec`] is the one table of what each operator's backward reads, and so what autograd
-//! saves: [`Tracer::call`](super::Call) applies it. The rules follow PyTorch's
+//! saves: `Tracer::call` applies it. The rules follow PyTorch's
 //! `tools/autograd/derivatives.yaml`: a tensor named by an input's gradient formula is saved, and
 //! autograd's codegen saves it only when that input needs a gradient if it is the only formula
 //! that names it ([`SaveRule::each_other`]). `tests/data/derivatives.json`, extracted from the
@@ -222,7 +222,7 @@ impl AtenOp {
     }
 }
 
-/// A tensor an operator's backward reads, by its place in the [`Call`](super::Call).
+/// A tensor an operator's backward reads, by its place in the `Call`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Saved {
     /// Input `i`.
