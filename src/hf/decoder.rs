@@ -13,7 +13,7 @@ use super::layers::{
     repeat, rmsnorm, run_name, runs, with_inputs, with_note,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec};
+use crate::spec::{LayerKind as K, LayerSpec, QkNormScope, Style};
 
 /// One Llama-style decoder family: the defaults of its transformers config class
 /// (`configuration_<family>.py`) and how its modeling file (`modeling_<family>.py`) differs from
@@ -399,8 +399,8 @@ pub(super) fn decoder(
 fn family_norm(row: &DecoderFamily, name: &str) -> LayerSpec {
     let style = match row.norm {
         Norm::Llama => None,
-        Norm::Gemma => Some(crate::spec::Style::Gemma),
-        Norm::Olmo2 => Some(crate::spec::Style::Olmo2),
+        Norm::Gemma => Some(Style::Gemma),
+        Norm::Olmo2 => Some(Style::Olmo2),
     };
     LayerSpec {
         style,
@@ -448,8 +448,7 @@ fn decoder_layer(
         rotary: Some(true),
         dropout: (a.dropout > 0.0).then_some(a.dropout),
         qk_norm: (row.qk_norm != QkNorm::None).then_some(true),
-        qk_norm_scope: (row.qk_norm == QkNorm::Projection)
-            .then_some(crate::spec::QkNormScope::Projection),
+        qk_norm_scope: (row.qk_norm == QkNorm::Projection).then_some(QkNormScope::Projection),
         sliding_window: a.sliding_window,
         // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
         softmax_f32: Some(true),

@@ -3,7 +3,7 @@
 use super::Resolved;
 use super::config::Cfg;
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec};
+use crate::spec::{Approximate, LayerKind as K, LayerSpec, Style};
 
 pub(super) fn layer(kind: K, name: &str) -> LayerSpec {
     LayerSpec {
@@ -57,7 +57,7 @@ pub(super) fn layernorm(name: &str) -> LayerSpec {
 /// T5's `T5LayerNorm` (see `graph::Op::RmsNorm`).
 pub(super) fn t5_norm(name: &str) -> LayerSpec {
     LayerSpec {
-        style: Some(crate::spec::Style::T5),
+        style: Some(Style::T5),
         ..rmsnorm(name)
     }
 }
@@ -118,7 +118,7 @@ pub(super) fn activation(cfg: &Cfg, key: &str, act: &str, name: &str) -> Result<
         "silu" | "swish" => layer(K::Silu, name),
         "gelu" => layer(K::Gelu, name),
         "gelu_pytorch_tanh" => LayerSpec {
-            approximate: Some(crate::spec::Approximate::Tanh),
+            approximate: Some(Approximate::Tanh),
             ..layer(K::Gelu, name)
         },
         "gelu_new" => layer(K::GeluNew, name),
