@@ -4,9 +4,10 @@ use super::keys::{KeyReader, key};
 use crate::spec::{LayerKind, Pair};
 
 /// `nn.Conv1d`/`nn.Conv2d` and `nn.ConvTranspose1d`/`nn.ConvTranspose2d`:
-/// `[B, Cin, (H,) W] → [B, Cout, (H',) W']`, each spatial size from [`ConvAxis`]. Params
-/// `Cout·Cin/groups·∏k (+ Cout)`: the weight is `[Cout, Cin/groups, k..]`, or
-/// `[Cin, Cout/groups, k..]` when transposed.
+/// `[B, Cin, (H,) W] → [B, Cout, (H',) W']`, each spatial size from [`ConvAxis`] (the shapes
+/// `torch/nn/modules/conv.py` documents). Params `Cout·Cin/groups·∏k (+ Cout)`: the weight is
+/// `[Cout, Cin/groups, k..]`, or `[Cin, Cout/groups, k..]` when transposed (`_ConvNd` with
+/// `transposed=True`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvCfg {
     /// A transposed convolution (`conv_transpose1d/2d`).

@@ -64,4 +64,25 @@ mod tests {
         assert!(!is_head("model.head_mixer.fc"));
         assert!(!is_head("fc1"));
     }
+
+    #[test]
+    fn quantize_defaults_from_the_name_and_can_be_set() {
+        let spec = |quantize| crate::spec::LayerSpec {
+            kind: crate::spec::LayerKind::Linear,
+            out_features: Some(4),
+            quantize,
+            ..crate::spec::LayerSpec::default()
+        };
+        let read = |s: &crate::spec::LayerSpec, name| {
+            LinearCfg::read(&mut KeyReader::new(s, name))
+                .unwrap()
+                .quantize
+        };
+        assert!(read(&spec(None), "fc1"));
+        assert!(!read(&spec(None), "lm_head"));
+        // A layer whose name merely contains `head` is not quantized unless it says so.
+        assert!(!read(&spec(None), "ahead"));
+        assert!(read(&spec(Some(true)), "ahead"));
+        assert!(!read(&spec(Some(false)), "fc1"));
+    }
 }

@@ -69,6 +69,36 @@ fn conv2d_with_groups_and_dilation() {
 }
 
 #[test]
+fn conv_transpose2d() {
+    // c1 (stride 2, padding 1, output_padding 1, groups 2):
+    // H' = (5 − 1)·2 − 2·1 + 1·(3 − 1) + 1 + 1 = 10, so its output is [2, 6, 10, 10].
+    // c2 (dilation 2): H'' = (10 − 1)·1 − 0 + 2·(3 − 1) + 0 + 1 = 14. derivatives.yaml
+    // `convolution` (transposed = true) saves input and weight: c2 keeps c1's output
+    // 2·6·10·10·4 = 4800; c1 keeps the batch (not counted).
+    // Measured with PyTorch 2.15: 4800.
+    // Parameters: the weight is [Cin, Cout/groups, kH, kW]: 4·(6/2)·3·3 + 6 = 114 and
+    // 6·4·3·3 + 4 = 220, so 334 (measured: 334).
+    let v = check("conv_transpose2d", &[], 4800, 334);
+    assert_eq!(
+        v["layers"][1]["output_shape"],
+        serde_json::json!([2, 4, 14, 14])
+    );
+}
+
+#[test]
+fn conv_transpose1d() {
+    // c1: L' = (8 − 1)·2 − 2·1 + (3 − 1) + 1 + 1 = 16, output [2, 6, 16]; c2 keeps it:
+    // 2·6·16·4 = 768 (its output: (16 − 1) + (4 − 1) + 1 = 19).
+    // Measured with PyTorch 2.15: 768.
+    // Parameters: 4·6·3 + 6 = 78 and 6·2·4 + 2 = 50, so 128 (measured: 128).
+    let v = check("conv_transpose1d", &[], 768, 128);
+    assert_eq!(
+        v["layers"][1]["output_shape"],
+        serde_json::json!([2, 2, 19])
+    );
+}
+
+#[test]
 fn batchnorm1d() {
     // bn keeps its input [4, 6] (fc's output): 4·6·4 = 96, and float32 save_mean and
     // save_invstd [6]: 2·6·4 = 48. 96 + 48 = 144.

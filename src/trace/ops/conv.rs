@@ -75,8 +75,10 @@ pub(super) fn weight_shape(c: &ConvCfg, cin: u64) -> Shape {
 }
 
 impl Tracer<'_> {
-    /// `aten::convolution` (plain or transposed): derivatives.yaml `convolution` saves the input
-    /// and the weight.
+    /// `aten::convolution` (plain or transposed; `F.conv_transpose2d` runs it with
+    /// `transposed=True`): the `convolution` entry of PyTorch's
+    /// `tools/autograd/derivatives.yaml` computes all three gradients with
+    /// `convolution_backward(grad, input, weight, ..)`, so it saves the input and the weight.
     pub(super) fn conv(&mut self, c: &ConvCfg, x: ValueId, train: bool) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let out = self.shaped(out_shape(c, &xv.shape))?;
@@ -100,8 +102,10 @@ impl Tracer<'_> {
         let mut ins = vec![xc, wc];
         ins.extend(bc);
         // The CPU kernels (oneDNN) reorder the input into a blocked layout: a transient copy of
-        // it (measured: about one input's size for 1×1, 3×3, 7×7 and depthwise convolutions,
-        // and for transposed ones, which also take a scratchpad that is not modelled).
+        // it (measured: about one input's size for 1×1, 3×3, 7×7 and depthwise convolutions).
+        // Transposed ones do the same (measured with PyTorch 2.15 on [2, 64, 32, 32] into
+        // ConvTranspose2d(64, 32, 3, stride=2): a 524,288-byte input copy) and also take a
+        // scratchpad (618,672 bytes there; about one output's size), which is not modelled.
         let mut allocs = Vec::new();
         if self.s.device == Device::Cpu {
             let xs = self.val(xc).shape.clone();
