@@ -396,6 +396,34 @@ mod typed {
     }
 
     #[test]
+    fn shape_mismatches_carry_the_shapes() {
+        let conv =
+            "[input]\nshape = [100]\n[[layers]]\nkind = \"conv2d\"\nout_channels = 4\nkernel = 3\n";
+        let Error::Layer(e) = estimate(conv, Format::Toml, &Overrides::default()) else {
+            panic!("expected a layer error")
+        };
+        let LayerErrorKind::Rank { input, expected } = &e.kind else {
+            panic!("{e:?}")
+        };
+        assert_eq!(input.dims(), [1, 100]);
+        assert_eq!(expected, "rank 4 [batch, channels, height, width]");
+        let linear = "[input]\nshape = [100]\n[[layers]]\nkind = \"linear\"\nin_features = 64\nout_features = 4\n";
+        let Error::Layer(e) = estimate(linear, Format::Toml, &Overrides::default()) else {
+            panic!("expected a layer error")
+        };
+        assert_eq!(
+            e.kind,
+            LayerErrorKind::Size {
+                input: memest::shape::Shape::from([1, 100]),
+                what: "features",
+                got: 100,
+                key: "in_features",
+                expected: 64,
+            }
+        );
+    }
+
+    #[test]
     fn a_syntax_error_has_a_position_and_the_origin_goes_first() {
         let e = estimate("[input]\nshape = [4\n", Format::Toml, &Overrides::default());
         let (line, _) = e.position().expect("a position");

@@ -11,22 +11,22 @@ pub(super) fn out_shape(c: &ConvCfg, x: &Shape) -> Result<Shape, ShapeError> {
     let d = x.dims();
     let spatial = c.axes.len();
     if d.len() != spatial + 2 {
-        return invalid(format!(
-            "input {x} has rank {}, expected rank {} [batch, channels, {}]",
-            d.len(),
-            spatial + 2,
-            if spatial == 1 {
-                "length"
-            } else {
-                "height, width"
-            }
-        ));
+        return wrong_rank(
+            x,
+            format!(
+                "rank {} [batch, channels, {}]",
+                spatial + 2,
+                if spatial == 1 {
+                    "length"
+                } else {
+                    "height, width"
+                }
+            ),
+        );
     }
     let cin = d[1];
     if let Some(expected) = c.in_channels.filter(|&e| e != cin) {
-        return invalid(format!(
-            "input {x} has {cin} channels, expected in_channels = {expected}"
-        ));
+        return wrong_size(x, "channels", cin, "in_channels", expected);
     }
     if !cin.is_multiple_of(c.groups) {
         return invalid(format!(

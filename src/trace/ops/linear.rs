@@ -7,15 +7,10 @@ use crate::graph::LinearCfg;
 /// `[.., in] → [.., out]`; checks `in_features` when given.
 pub(super) fn out_shape(c: &LinearCfg, x: &Shape) -> Result<Shape, ShapeError> {
     let Some(in_f) = x.last().filter(|_| x.rank() >= 2) else {
-        return invalid(format!(
-            "input {x} has rank {}, expected [batch, .., features] for linear",
-            x.rank()
-        ));
+        return wrong_rank(x, "[batch, .., features] for linear");
     };
     if let Some(expected) = c.in_features.filter(|&e| e != in_f) {
-        return invalid(format!(
-            "input {x} has {in_f} features, expected in_features = {expected}"
-        ));
+        return wrong_size(x, "features", in_f, "in_features", expected);
     }
     Ok(x.with_last(c.out_features))
 }

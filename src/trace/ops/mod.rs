@@ -15,15 +15,41 @@ use super::*;
 /// Why a pure shape function refused its input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(in crate::trace) enum ShapeError {
-    /// The input does not fit the layer: the message of the layer's error.
-    Invalid(String),
+    /// The input does not fit the layer: what the layer's error says.
+    Invalid(LayerErrorKind),
     /// A size overflowed 64 bits: what was being computed.
     Overflow(&'static str),
 }
 
 /// A [`ShapeError::Invalid`] with this message.
 fn invalid<T>(message: String) -> Result<T, ShapeError> {
-    Err(ShapeError::Invalid(message))
+    Err(ShapeError::Invalid(LayerErrorKind::Input(message)))
+}
+
+/// The input `x` has the wrong rank; the layer takes `expected` (e.g. `[batch, channels, height,
+/// width]`).
+fn wrong_rank<T>(x: &Shape, expected: impl Into<String>) -> Result<T, ShapeError> {
+    Err(ShapeError::Invalid(LayerErrorKind::Rank {
+        input: x.clone(),
+        expected: expected.into(),
+    }))
+}
+
+/// Dimension `what` of the input `x` is `got`, where the layer's `key` says `expected`.
+fn wrong_size<T>(
+    x: &Shape,
+    what: &'static str,
+    got: u64,
+    key: &'static str,
+    expected: u64,
+) -> Result<T, ShapeError> {
+    Err(ShapeError::Invalid(LayerErrorKind::Size {
+        input: x.clone(),
+        what,
+        got,
+        key,
+        expected,
+    }))
 }
 
 /// A checked size, or [`ShapeError::Overflow`] naming `what`.
@@ -82,7 +108,7 @@ impl Tracer<'_> {
     /// A shape function's result as this layer's error.
     fn shaped<T>(&self, r: Result<T, ShapeError>) -> Result<T, Error> {
         r.map_err(|e| match e {
-            ShapeError::Invalid(message) => self.err(message),
+            ShapeError::Invalid(kind) => Error::layer(self.label.clone(), kind),
             ShapeError::Overflow(what) => Error::Overflow(what.to_string()),
         })
     }
@@ -90,11 +116,10 @@ impl Tracer<'_> {
     /// The feature (last) dimension of a float `[batch, .., features]` input.
     pub(in crate::trace) fn last_dim(&self, v: &Value, kind: &str) -> Result<u64, Error> {
         if v.shape.rank() < 2 {
-            return Err(self.err(format!(
-                "input {} has rank {}, expected [batch, .., features] for {kind}",
-                v.shape,
-                v.shape.rank()
-            )));
+            return self.shaped(wrong_rank(
+                &v.shape,
+                format!("[batch, .., features] for {kind}"),
+            ));
         }
         if !v.dtype.is_float() {
             return Err(self.err(format!(
@@ -109,11 +134,7 @@ impl Tracer<'_> {
     pub(in crate::trace) fn nchw(&self, v: &Value) -> Result<(u64, u64, u64, u64), Error> {
         match *v.shape.dims() {
             [b, c, h, w] => Ok((b, c, h, w)),
-            _ => Err(self.err(format!(
-                "input {} has rank {}, expected [batch, channels, height, width]",
-                v.shape,
-                v.shape.rank()
-            ))),
+            _ => self.shaped(wrong_rank(&v.shape, "[batch, channels, height, width]")),
         }
     }
 
@@ -121,11 +142,7 @@ impl Tracer<'_> {
     pub(in crate::trace) fn bsh(&self, v: &Value) -> Result<(u64, u64, u64), Error> {
         match *v.shape.dims() {
             [b, s, h] => Ok((b, s, h)),
-            _ => Err(self.err(format!(
-                "input {} has rank {}, expected [batch, seq, hidden]",
-                v.shape,
-                v.shape.rank()
-            ))),
+            _ => self.shaped(wrong_rank(&v.shape, "[batch, seq, hidden]")),
         }
     }
 

@@ -19,13 +19,11 @@ pub(super) fn batch_norm_shape(c: &BatchNormCfg, x: &Shape) -> Result<Shape, Sha
         } else {
             "[batch, channels, height, width]"
         };
-        return invalid(format!("input {x} has rank {rank}, expected {expected}"));
+        return wrong_rank(x, expected);
     }
     let ch = x.dims()[1];
     if let Some(n) = c.num_features.filter(|&n| n != ch) {
-        return invalid(format!(
-            "input {x} has {ch} channels, expected num_features = {n}"
-        ));
+        return wrong_size(x, "channels", ch, "num_features", n);
     }
     Ok(x.clone())
 }
@@ -33,10 +31,7 @@ pub(super) fn batch_norm_shape(c: &BatchNormCfg, x: &Shape) -> Result<Shape, Sha
 /// GroupNorm keeps the shape `[B, C, ..]`; `C` must divide into the groups.
 pub(super) fn group_norm_shape(c: &GroupNormCfg, x: &Shape) -> Result<Shape, ShapeError> {
     if x.rank() < 2 {
-        return invalid(format!(
-            "input {x} has rank {}, expected at least [batch, channels]",
-            x.rank()
-        ));
+        return wrong_rank(x, "at least [batch, channels]");
     }
     let ch = x.dims()[1];
     if !ch.is_multiple_of(c.groups) {

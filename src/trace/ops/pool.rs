@@ -15,10 +15,7 @@ fn pooled(
     ceil: bool,
 ) -> Result<Shape, ShapeError> {
     let [b, c, h, w] = *x.dims() else {
-        return invalid(format!(
-            "input {x} has rank {}, expected [batch, channels, height, width]",
-            x.rank()
-        ));
+        return wrong_rank(x, "[batch, channels, height, width]");
     };
     let oh = window_out(h, kernel.0, stride.0, padding.0, dilation.0, ceil, x)?;
     let ow = window_out(w, kernel.1, stride.1, padding.1, dilation.1, ceil, x)?;
