@@ -7,14 +7,14 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 
 use memest::Query;
+use memest::cost::{Amp, Optimizer, OptimizerImpl, Quant, RecipeName};
 use memest::dtype::DType;
 use memest::hf::Head;
 use memest::report::Dimension;
-use memest::settings::{
-    Amp, AttentionImpl, Device, Lora, Mode, Optimizer, Overrides, Quant, RecipeName,
-};
+use memest::settings::{Lora, Overrides};
 use memest::spec::Format;
 use memest::units::{UnitSystem, parse_size};
+use memest::vocab::{AttentionImpl, Device, Mode, VocabParser};
 
 const EXIT_STATUS: &str = "Exit status: 0 = estimate printed (and it fits the --budget), 1 = over the --budget, 2 = bad input or usage.";
 
@@ -31,8 +31,12 @@ pub struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     seq: Option<u64>,
     /// Optimizer whose state is counted.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = VocabParser::<Optimizer>::new())]
     optim: Option<Optimizer>,
+    /// How a torch.optim optimizer loops over its tensors (its `foreach` and `fused`
+    /// arguments); default: foreach.
+    #[arg(long, value_parser = VocabParser::<OptimizerImpl>::new())]
+    optim_impl: Option<OptimizerImpl>,
     /// dtype of parameters and activations (float32, bfloat16, float16, float64, …), or a
     /// weight quantization of the linear projections (nf4, int8, int4, fp8) with bfloat16 for
     /// everything else.
@@ -80,24 +84,24 @@ pub struct Cli {
     #[arg(long, requires = "budget")]
     max_context: bool,
     /// Training step or inference forward pass.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = VocabParser::<Mode>::new())]
     mode: Option<Mode>,
     /// How attention is computed.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = VocabParser::<AttentionImpl>::new())]
     attention: Option<AttentionImpl>,
     /// Mixed precision: float32 weights under torch.autocast.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = VocabParser::<Amp>::new())]
     amp: Option<Amp>,
     /// Precision recipe: the dtypes of weights, gradients, master weights and optimizer state
     /// (fp32, bf16, fp16, amp-bf16, amp-fp16, mixed-bf16, mixed-fp16, mixed-bf16-fp32-grads);
     /// default: what --dtype and --amp imply.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = VocabParser::<RecipeName>::new())]
     recipe: Option<RecipeName>,
     /// Activation checkpointing of every repeated block.
     #[arg(long)]
     checkpoint: bool,
     /// Whose kernels' saved tensors to model (the measured reference is cpu).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = VocabParser::<Device>::new())]
     device: Option<Device>,
     /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 80GB, 1073741824.
     #[arg(long, value_parser = parse_budget)]
@@ -259,6 +263,7 @@ impl Cli {
             seq: self.context.or(self.seq),
             dtype,
             optimizer: self.optim,
+            optimizer_impl: self.optim_impl,
             mode: if self.context.is_some() {
                 Some(Mode::Infer)
             } else {

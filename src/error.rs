@@ -108,6 +108,8 @@ pub enum SettingKey {
     Mode,
     /// `--optim`, `defaults.optimizer`.
     Optimizer,
+    /// `--optim-impl`, `defaults.optimizer_impl`.
+    OptimizerImpl,
     /// `--attention`, `defaults.attention`.
     Attention,
     /// `--dtype`, `defaults.dtype`.

@@ -21,6 +21,7 @@
 //! assert_eq!(report.parameters_bytes, 4 * 10_010);
 //! ```
 
+pub mod cost;
 pub mod dtype;
 pub mod error;
 pub mod graph;
@@ -35,6 +36,7 @@ pub mod sim;
 pub mod spec;
 pub mod trace;
 pub mod units;
+pub mod vocab;
 
 pub use error::{Error, Located};
 pub use report::Report;

@@ -63,6 +63,9 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
         write!(out, " (autocast {})", amp.dtype())?;
     }
     match s.optimizer {
+        Some(o) if !s.optimizer_impl.is_foreach() => {
+            write!(out, ", {o} ({}), train", s.optimizer_impl)?;
+        }
         Some(o) => write!(out, ", {o}, train")?,
         None if s.training() => write!(out, ", train, no optimizer")?,
         None => write!(out, ", infer")?,
@@ -70,17 +73,9 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
     write!(out, "; ")?;
     let attention = |k| matches!(k, LayerKind::Attention | LayerKind::CrossAttention);
     if r.layers.iter().any(|l| attention(l.kind)) {
-        let attention = match s.attention {
-            crate::settings::AttentionImpl::Eager => "eager",
-            crate::settings::AttentionImpl::Flash => "flash",
-        };
-        write!(out, "{attention} attention, ")?;
+        write!(out, "{} attention, ", s.attention)?;
     }
-    let device = match s.device {
-        crate::settings::Device::Cpu => "cpu",
-        crate::settings::Device::Cuda => "cuda",
-    };
-    write!(out, "{device} kernels")?;
+    write!(out, "{} kernels", s.device)?;
     if s.checkpoint {
         write!(out, ", checkpointed blocks")?;
     }
@@ -217,12 +212,11 @@ fn recipe_line(r: &Report) -> String {
             terms.push(format!("{} (master)", per_param(b.master_weights)));
         }
         if let Some(o) = r.settings.optimizer {
-            let what = if o == crate::settings::Optimizer::Adafactor {
-                "adafactor, factored: this model's average".to_string()
-            } else {
-                o.to_string()
-            };
-            terms.push(format!("{} ({what})", per_param(b.optimizer_state)));
+            terms.push(format!(
+                "{} ({})",
+                per_param(b.optimizer_state),
+                o.per_param_label()
+            ));
         }
         String::new()
     } else {

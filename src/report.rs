@@ -6,6 +6,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
+use crate::cost::Amp;
+pub use crate::cost::BytesPerParam;
 use crate::dtype::DType;
 use crate::settings::Settings;
 use crate::shape::Shape;
@@ -200,28 +202,6 @@ pub struct RecipeReport {
     pub bytes_per_param: BytesPerParam,
 }
 
-/// Bytes per parameter a recipe implies. Optimizer state leaves out per-tensor step counters;
-/// for Adafactor, whose factored state depends on the shapes, it is this model's average.
-#[derive(Clone, Copy, Debug, Serialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
-pub struct BytesPerParam {
-    /// The parameter itself.
-    #[serde(serialize_with = "number")]
-    pub weights: f64,
-    /// Its gradient.
-    #[serde(serialize_with = "number")]
-    pub gradients: f64,
-    /// Its float32 master copy.
-    #[serde(serialize_with = "number")]
-    pub master_weights: f64,
-    /// Its optimizer state.
-    #[serde(serialize_with = "number")]
-    pub optimizer_state: f64,
-    /// The sum.
-    #[serde(serialize_with = "number")]
-    pub total: f64,
-}
-
 /// The schema of a report as JSON Schema (draft 2020-12): what `--format json` prints, published
 /// as `schema/report.schema.json`.
 #[must_use]
@@ -265,55 +245,29 @@ impl JsonSchema for Shape {
     }
 }
 
-/// Whole numbers as JSON integers (`16`, not `16.0`), others as they are.
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
-fn number<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked whole and small
-    if v.fract() == 0.0 && (0.0..9.0e15).contains(v) {
-        s.serialize_u64(*v as u64)
-    } else {
-        s.serialize_f64(*v)
-    }
-}
-
 impl RecipeReport {
+    /// The settings' recipe as the step uses it: gradients, master weights and optimizer state
+    /// only in training; the bytes per parameter from [`BytesPerParam::new`].
     fn new(settings: &Settings, state_bytes: u64, trainable_params: u64) -> RecipeReport {
         let r = &settings.recipe;
         let training = settings.training();
-        #[allow(clippy::cast_precision_loss)] // bit widths are small
-        let bytes = |d: DType| d.bits() as f64 / 8.0;
-        let opt_dtype = r.optimizer_dtype();
         let optimizer = settings.optimizer.filter(|_| training);
-        let optimizer_state = optimizer.map_or(0.0, |o| {
-            o.nominal_state_bytes_per_param(bytes(opt_dtype))
-                .unwrap_or_else(|| {
-                    #[allow(clippy::cast_precision_loss)] // an average for display
-                    let avg = state_bytes as f64 / trainable_params.max(1) as f64;
-                    (avg * 1000.0).round() / 1000.0
-                })
-        });
-        let weights = bytes(r.weights);
-        let gradients = if training { bytes(r.gradients) } else { 0.0 };
-        let master_weights = match r.master_weights {
-            Some(m) if training => bytes(m),
-            _ => 0.0,
-        };
         RecipeReport {
             name: r.name.clone(),
             explicit: r.explicit,
             weights_dtype: r.weights,
             gradients_dtype: training.then_some(r.gradients),
             master_weights_dtype: r.master_weights.filter(|_| training),
-            optimizer_state_dtype: optimizer.and_then(|o| o.state_dtype(opt_dtype)),
-            autocast_dtype: r.autocast.map(crate::settings::Amp::dtype),
+            optimizer_state_dtype: optimizer.and_then(|o| o.state_dtype(r.optimizer_dtype())),
+            autocast_dtype: r.autocast.map(Amp::dtype),
             activations_dtype: r.activations(),
-            bytes_per_param: BytesPerParam {
-                weights,
-                gradients,
-                master_weights,
-                optimizer_state,
-                total: weights + gradients + master_weights + optimizer_state,
-            },
+            bytes_per_param: BytesPerParam::new(
+                r,
+                optimizer,
+                training,
+                state_bytes,
+                trainable_params,
+            ),
         }
     }
 }
@@ -621,20 +575,5 @@ mod tests {
             assert_eq!(json[c.key()], i as u64 + 1, "{}", c.key());
         }
         assert_eq!(json.as_object().unwrap().len(), Category::COUNT);
-    }
-
-    #[test]
-    fn bytes_per_param_are_json_numbers() {
-        let b = BytesPerParam {
-            weights: 2.0,
-            gradients: 2.0,
-            master_weights: 4.0,
-            optimizer_state: 2.03125,
-            total: 10.03125,
-        };
-        assert_eq!(
-            serde_json::to_string(&b).unwrap(),
-            r#"{"weights":2,"gradients":2,"master_weights":4,"optimizer_state":2.03125,"total":10.03125}"#
-        );
     }
 }

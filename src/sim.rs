@@ -28,9 +28,10 @@ use serde::Serialize;
 
 use crate::Error;
 use crate::settings::Settings;
-use typed_index_collections::{TiSlice, TiVec, ti_vec};
+use typed_index_collections::{TiVec, ti_vec};
 
-use crate::trace::{LayerId, Param, SegmentId, StorageId, StorageKind, Tape, ValueId};
+use crate::cost::OptimizerPlan;
+use crate::trace::{LayerId, SegmentId, StorageId, StorageKind, Tape, ValueId};
 
 /// Categories of live memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -353,10 +354,17 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         }
     }
 
-    let plan = if training {
-        OptimizerPlan::new(tape, settings)
-    } else {
-        OptimizerPlan::default()
+    let plan = match settings.optimizer.filter(|_| training) {
+        Some(opt) => OptimizerPlan::new(
+            opt,
+            settings.optimizer_impl,
+            &settings.recipe,
+            tape.params
+                .iter()
+                .filter(|p| p.trainable)
+                .map(|p| (p.value, p.info(), tape.values[p.value].dtype)),
+        ),
+        None => OptimizerPlan::default(),
     };
     let optimizer_state_bytes = plan.state_bytes;
     let master_weights_bytes = plan.master_bytes;
@@ -538,8 +546,9 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         // Optimizer step. Under a `mixed-*` recipe with 16-bit gradients the optimizer first
         // gets float32 copies of them and the 16-bit ones are freed (Megatron's
         // `_copy_model_grads_to_main_grads`: `main_param.grad = model_param.grad.float()`,
-        // `model_param.grad = None`); then the `foreach` temporaries.
-        let (copies, freed) = plan.master_grad_copies(&param_done);
+        // `model_param.grad = None`); then the step's temporaries.
+        let (copies, freed) =
+            plan.master_grad_copies(|v| param_done.get(v).copied().unwrap_or(false));
         optimizer_temp_bytes = copies.saturating_add(plan.temp_bytes);
         let (g, t) = (Category::Gradients.index(), Category::Temporaries.index());
         let freed = freed.min(st.cur[g]);
@@ -580,67 +589,6 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         master_weights_bytes,
         optimizer_temp_bytes,
     })
-}
-
-/// What the optimizer keeps and allocates, per the recipe: state, master weights, temporaries.
-#[derive(Default)]
-struct OptimizerPlan {
-    /// Optimizer state, shared state included.
-    state_bytes: u64,
-    /// Float32 master copies.
-    master_bytes: u64,
-    /// `foreach` temporaries of the step.
-    temp_bytes: u64,
-    /// Per parameter with a master copy and 16-bit gradients: its value, the 16-bit gradient's
-    /// bytes and the float32 copy's bytes.
-    grad_copies: Vec<(ValueId, u64, u64)>,
-}
-
-impl OptimizerPlan {
-    fn new(tape: &Tape, settings: &Settings) -> OptimizerPlan {
-        let Some(opt) = settings.optimizer else {
-            return OptimizerPlan::default();
-        };
-        let recipe = &settings.recipe;
-        let mut plan = OptimizerPlan::default();
-        // The tensors the optimizer updates: a float32 master copy of each 16-bit parameter
-        // under a `mixed-*` recipe, else the parameters themselves.
-        let mut views: Vec<Param> = Vec::new();
-        for p in tape.params.iter().filter(|p| p.trainable) {
-            let dtype = tape.values[p.value].dtype;
-            let mut view = p.clone();
-            if let Some(master) = recipe
-                .master_weights
-                .filter(|&m| m != dtype && dtype == recipe.weights)
-            {
-                view.bytes = master.bytes_for(p.numel).unwrap_or(u64::MAX);
-                plan.master_bytes = plan.master_bytes.saturating_add(view.bytes);
-                // Gradients already in the master dtype (a float32 `main_grad`) are handed over
-                // as they are; others are copied.
-                let grad_dtype = settings.grad_dtype_override().unwrap_or(dtype);
-                if grad_dtype != master {
-                    let grad = grad_dtype.bytes_for(p.numel).unwrap_or(0);
-                    plan.grad_copies.push((p.value, grad, view.bytes));
-                }
-            }
-            plan.state_bytes = plan.state_bytes.saturating_add(opt.state_bytes(&view));
-            plan.temp_bytes = plan.temp_bytes.saturating_add(opt.temporaries_bytes(&view));
-            views.push(view);
-        }
-        plan.state_bytes = plan
-            .state_bytes
-            .saturating_add(opt.shared_state_bytes(&views));
-        plan
-    }
-
-    /// Bytes of the float32 gradient copies, and of the 16-bit gradients they replace, for
-    /// the parameters that received a gradient.
-    fn master_grad_copies(&self, has_grad: &TiSlice<ValueId, bool>) -> (u64, u64) {
-        self.grad_copies
-            .iter()
-            .filter(|(v, _, _)| has_grad.get(*v).copied().unwrap_or(false))
-            .fold((0, 0), |(c, f), (_, grad, copy)| (c + copy, f + grad))
-    }
 }
 
 #[cfg(test)]

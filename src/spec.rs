@@ -7,8 +7,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::{Optimizer, OptimizerImpl};
 use crate::dtype::DType;
 use crate::error::{Error, SpecError};
+use crate::vocab::{AttentionImpl, Mode};
 
 /// Which syntax a model description is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,15 +149,18 @@ pub struct DefaultsSpec {
     /// dtype of parameters and activations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<DType>,
-    /// Optimizer name (`sgd`, `sgd-momentum`, `adam`, `adamw`).
+    /// Optimizer: any `--optim` name or alias.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub optimizer: Option<String>,
-    /// `train` or `infer`.
+    pub optimizer: Option<Optimizer>,
+    /// How a `torch.optim` optimizer loops over its tensors: any `--optim-impl` name.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
-    /// `eager` or `flash`.
+    pub optimizer_impl: Option<OptimizerImpl>,
+    /// `train` or `infer` (aliases `inference`, `eval`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub attention: Option<String>,
+    pub mode: Option<Mode>,
+    /// `eager` or `flash` (alias `sdpa`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionImpl>,
 }
 
 /// One layer as written. Every kind-specific key is optional here; `graph::build` checks which

@@ -301,7 +301,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             seq: Some(seq.clamp(1, DEFAULT_MAX_SEQ)),
             dtype,
             // transformers 5 runs attention through `scaled_dot_product_attention` by default.
-            attention: Some("flash".into()),
+            attention: Some(crate::vocab::AttentionImpl::Flash),
             ..Default::default()
         },
         layers,

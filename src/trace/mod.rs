@@ -30,15 +30,17 @@ pub use tape::{
     Tape, Value, ValueId,
 };
 
+use crate::cost::Quant;
 use crate::dtype::DType;
 use crate::error::{Error, LayerErrorKind, SettingKey};
 use crate::graph::{
     Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, Model, MoeCfg, Node, Op,
     QkNorm, RmsStyle,
 };
-use crate::settings::{AttentionImpl, Device, Quant, Settings};
+use crate::settings::Settings;
 use crate::shape::Shape;
 use crate::spec::{DimSpec, LayerKind, Pair};
+use crate::vocab::{AttentionImpl, Device};
 
 /// Upper bound on traced operators (after repeating blocks), so that an absurd `count` is an
 /// error rather than a hang.

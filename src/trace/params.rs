@@ -4,7 +4,6 @@
 use super::*;
 
 impl Tracer<'_> {
-    /// A new parameter tensor of this layer.
     /// A new parameter tensor of this layer. With LoRA the base model is frozen.
     pub(super) fn param(&mut self, shape: Shape, trainable: bool) -> Result<ValueId, Error> {
         let trainable = trainable && self.s.lora.is_none();
@@ -21,7 +20,7 @@ impl Tracer<'_> {
         self.param_typed(shape, true, None, dtype)
     }
 
-    /// A linear projection's weight `[out, in]`: quantized under `--dtype nf4|int8|int4|fp8`
+    /// A linear projection's weight `[out, in]` (or MoE experts' `[experts, out, in]`): quantized under `--dtype nf4|int8|int4|fp8`
     /// when `quantizable` (quantized weights are frozen, as bitsandbytes' `Params4bit` are).
     pub(super) fn weight(
         &mut self,
@@ -61,7 +60,7 @@ impl Tracer<'_> {
         let (bytes, dtype_name) = match quant {
             None => (self.tape.storages[s].bytes, dtype.as_str()),
             Some(q) => (
-                checked(quantized_bytes(q, &shape), "quantized weight bytes")?,
+                checked(q.bytes(shape.dims()), "quantized weight bytes")?,
                 q.name(),
             ),
         };
@@ -149,38 +148,5 @@ impl Tracer<'_> {
         what: &'static str,
     ) -> Result<StorageId, Error> {
         self.storage(&shape, dtype, StorageKind::Buffer, what)
-    }
-}
-
-/// Bytes of a quantized `[out, in]` weight with its metadata:
-/// - NF4 (bitsandbytes `Params4bit`, blocksize 64): `ceil(n/2)` + a float32 absmax per 64
-///   weights, or with double quantization an int8 absmax per 64 plus a float32 scale per 256
-///   blocks;
-/// - int8 (LLM.int8()): `n` + a float32 scale per output row;
-/// - int4 (GPTQ/AWQ): `ceil(n/2)` + per group of `group_size` input weights a float16 scale and a
-///   packed 4-bit zero point;
-/// - fp8: `n` + one float32 scale.
-fn quantized_bytes(q: Quant, shape: &Shape) -> Option<u64> {
-    let n = shape.numel()?;
-    let rows = shape.dims().first().copied().unwrap_or(1);
-    let cols = shape.dims().get(1).copied().unwrap_or(1);
-    match q {
-        Quant::Nf4 { double_quant } => {
-            let blocks = n.div_ceil(64);
-            let meta = if double_quant {
-                blocks.checked_add(blocks.div_ceil(256).checked_mul(4)?)?
-            } else {
-                blocks.checked_mul(4)?
-            };
-            n.div_ceil(2).checked_add(meta)
-        }
-        Quant::Int8 => n.checked_add(rows.checked_mul(4)?),
-        Quant::Int4 { group_size } => {
-            let groups = rows.checked_mul(cols.div_ceil(group_size.max(1)))?;
-            n.div_ceil(2)
-                .checked_add(groups.checked_mul(2)?)?
-                .checked_add(groups.div_ceil(2))
-        }
-        Quant::Fp8 => n.checked_add(4),
     }
 }

@@ -10,6 +10,7 @@
 use serde::Serialize;
 use typed_index_collections::TiVec;
 
+use crate::cost::TensorInfo;
 use crate::dtype::DType;
 use crate::shape::Shape;
 use crate::spec::LayerKind;
@@ -184,6 +185,18 @@ pub struct Param {
     pub value: ValueId,
     /// Storage dtype name: a dtype, or a quantization format (`nf4`, `int8`, `int4`, `fp8`).
     pub dtype_name: &'static str,
+}
+
+impl Param {
+    /// The facts the cost model sizes it by.
+    #[must_use]
+    pub fn info(&self) -> TensorInfo<'_> {
+        TensorInfo {
+            shape: self.shape.dims(),
+            numel: self.numel,
+            bytes: self.bytes,
+        }
+    }
 }
 
 /// A checkpointed range of steps (one copy of a repeated block under `--checkpoint`).

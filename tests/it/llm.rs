@@ -208,6 +208,41 @@ fn nf4_weights_carry_their_scales() {
     assert_eq!(u(&r, "parameters_bytes"), 288_000);
 }
 
+/// Quantized MoE experts are a batch of `[out, in]` matrices, each with its own scales
+/// (`examples/hf/mixtral-8x7b.json`, `--mode infer`: 32 layers of 8 experts with w1, w3
+/// `[14336, 4096]` and w2 `[4096, 14336]`, attention q, o `[4096, 4096]` and k, v `[1024, 4096]`,
+/// a router `[8, 4096]`; embeddings, norms and head stay bfloat16). Metadata = bytes − n/2 (int4)
+/// or − n (int8), with n = 46,440,382,464 quantized weights.
+///
+/// int4 (groups of 128 input weights; a float16 scale and a 4-bit zero point = 2.5 B a group):
+/// - one expert's w1, w3: 14,336 rows · 32 groups = 458,752 groups; w2: 4,096 · 112 = 458,752;
+///   × 3 × 8 experts × 2.5 B = 27,525,120 per layer;
+/// - attention: (4,096 + 1,024 + 1,024 + 4,096) rows · 32 groups · 2.5 B = 819,200 per layer;
+/// - router: 8 · 32 · 2.5 = 640 per layer;
+/// - × 32 layers: 907,038,720 (sized as one `[8, 14336]` matrix per weight, it was 26,398,720).
+///
+/// int8 (a float32 scale per output row): (14,336 · 2 + 4,096) · 8 · 4 = 1,048,576 per layer for
+/// the experts, 40,960 for attention, 32 for the router; × 32 = 34,866,176 (was 1,313,792).
+#[test]
+fn quantized_experts_are_sized_per_expert() {
+    const N: u64 = 46_440_382_464;
+    for (dtype, meta, packed) in [("int4", 907_038_720, N / 2), ("int8", 34_866_176, N)] {
+        let r = report(&[
+            "examples/hf/mixtral-8x7b.json",
+            "--mode",
+            "infer",
+            "--dtype",
+            dtype,
+        ]);
+        assert_eq!(u(&r["param_count_by_dtype"], dtype), N, "{dtype}");
+        assert_eq!(
+            u(&r["parameters_by_dtype"], dtype),
+            packed + meta,
+            "{dtype}"
+        );
+    }
+}
+
 /// The QLoRA command runs and splits the parameters by dtype: the quantized projections
 /// in nf4, embeddings, norms and head in bfloat16, the adapters in float32.
 #[test]

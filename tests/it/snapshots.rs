@@ -151,6 +151,10 @@ mod flags {
         resnet50_batch32_adam => [RESNET50, "--batch", "32", "--optim", "adam"],
         resnet50_batch32_adam_json => [RESNET50, "--batch", "32", "--optim", "adam", "--format", "json"],
         mlp_per_layer => [MLP, "--per-layer"],
+        // the file's aliases work on the command line too
+        mlp_optim_adam8bit_alias => [MLP, "--optim", "adam8bit"],
+        gpt2_attention_sdpa_alias => [GPT2, "--attention", "SDPA", "--mode", "eval"],
+        mlp_optim_impl_for_loop => [MLP, "--optim", "adamw", "--optim-impl", "for-loop"],
         gpt2_per_layer => [GPT2, "--per-layer"],
         resnet50_per_layer => [RESNET50, "--per-layer"],
         hf_llama_tiny_per_layer => ["examples/hf/llama_tiny.json", "--per-layer"],
@@ -272,8 +276,8 @@ mod error {
         seq_zero => ["examples/gpt2.toml", "--seq", "0"],
         batch_overflow => ["examples/mlp.toml", "--batch", "18446744073709551615"],
         unknown_optim => ["examples/mlp.toml", "--optim", "adamm"],
-        optim_adam8bit => ["examples/mlp.toml", "--optim", "adam8bit"],
-        attention_sdpa => ["examples/gpt2.toml", "--attention", "sdpa"],
+        optim_impl_for_lion => ["examples/mlp.toml", "--optim", "lion", "--optim-impl", "fused"],
+        unknown_optim_impl => ["examples/mlp.toml", "--optim-impl", "single"],
         bad_budget => ["examples/mlp.toml", "--budget", "12XB"],
         amp_with_bfloat16 => ["examples/mlp.toml", "--amp", "bf16", "--dtype", "bfloat16"],
         head_on_a_memest_file => ["examples/mlp.toml", "--head", "none"],
@@ -302,6 +306,23 @@ mod error {
             "error_missing_field_inside_a_block",
             "toml",
             b"[input]\nshape = [4]\n[[layers]]\nkind = \"repeat\"\nname = \"blk\"\ncount = 2\n  [[layers.layers]]\n  kind = \"relu\"\n  [[layers.layers]]\n  kind = \"linear\"\n  name = \"x\"\n",
+            &[],
+        );
+    }
+
+    /// A bad name in `[defaults]` points at its line and column and lists the accepted names.
+    #[test]
+    fn unknown_file_defaults() {
+        check_temp(
+            "error_file_default_optimizer",
+            "toml",
+            b"[input]\nshape = [8]\n[defaults]\noptimizer = \"adamx\"\n[[layers]]\nkind = \"relu\"\n",
+            &[],
+        );
+        check_temp(
+            "error_file_default_mode",
+            "json",
+            br#"{"input": {"shape": [8]}, "defaults": {"mode": "evaluate"}, "layers": [{"kind": "relu"}]}"#,
             &[],
         );
     }

@@ -1,0 +1,32 @@
+//! The cost model: the bytes that follow from plain tensor facts and the run's choices, apart
+//! from tracing and replay.
+//!
+//! - [`optim`]: optimizer state, step temporaries ([`OptimizerImpl`]: `foreach`, for-loop,
+//!   fused), nominal bytes per parameter, and the [`OptimizerPlan`] of one step (master weights,
+//!   float32 gradient copies).
+//! - [`recipe`]: precision recipes ([`RecipeName`], [`Recipe`], [`Amp`]) and the bytes per
+//!   parameter they imply.
+//! - [`quant`]: quantized-weight layouts ([`Quant`]).
+//!
+//! Everything here takes [`TensorInfo`] (shape, elements, bytes), dtypes and recipes; it knows
+//! nothing of the tape, the tracer or the resolved settings, so `trace` and `sim` can depend on
+//! it without a cycle.
+
+pub mod optim;
+pub mod quant;
+pub mod recipe;
+
+pub use optim::{BytesPerParam, Optimizer, OptimizerImpl, OptimizerPlan};
+pub use quant::Quant;
+pub use recipe::{Amp, Recipe, RecipeName};
+
+/// Plain facts about one tensor, as the cost model needs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorInfo<'a> {
+    /// Dimensions, e.g. `[out_features, in_features]`.
+    pub shape: &'a [u64],
+    /// Elements: the product of `shape`.
+    pub numel: u64,
+    /// Bytes as stored.
+    pub bytes: u64,
+}
