@@ -1,0 +1,418 @@
+//! One layer as written: [`LayerSpec`], its kind ([`LayerKind`]) and the closed sets its keys
+//! take. Every kind-specific key is one optional field here; which keys a kind reads is decided
+//! by its config in [`crate::graph`].
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// One layer as written. Every kind-specific key is optional here; `graph::build` checks which
+/// are required or allowed for the kind and reports the layer when they are not.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)] // each key is documented per kind in the README's model-file reference
+pub struct LayerSpec {
+    pub kind: LayerKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trainable: Option<bool>,
+    // repeat
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<Vec<LayerSpec>>,
+    // linear / embeddings
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_features: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_features: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tie: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_embeddings: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedding_dim: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_positions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ids_buffer: Option<u64>,
+    // conv / pooling
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_channels: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_channels: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stride: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub padding: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_padding: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dilation: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_size: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceil_mode: Option<bool>,
+    // norms
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_features: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_groups: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affine: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub track_running_stats: Option<bool>,
+    // activations / dropout
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inplace: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approximate: Option<Approximate>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p: Option<f64>,
+    // shape ops
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dim: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_dim: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_dim: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dims: Option<Vec<i64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
+    // free parameter
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub combine: Option<CombineKind>,
+    // norms and attention
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub style: Option<Style>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub causal: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused_qkv: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotary: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<f64>,
+    // mixture of experts
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intermediate_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_intermediate_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_gate: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalize_topk: Option<bool>,
+    // attention extras
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_norm: Option<bool>,
+    /// Where `qk_norm` normalizes: `"head"` (per head over `head_dim`, Qwen3; the default) or
+    /// `"projection"` (over the whole `heads·head_dim` projection, OLMo-2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_norm_scope: Option<QkNormScope>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub softmax_f32: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position_bias: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_buckets: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
+    // rotary
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concat: Option<bool>,
+    /// The rotary `cos`/`sin` tables stay float32 (OLMo-2's rotary embedding does not cast them
+    /// to the activation dtype): Q and K are rotated in float32 and cast back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tables_f32: Option<bool>,
+    // scale
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    // loss
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shift: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upcast: Option<bool>,
+    // free-form notes
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A size given as one number (used for both spatial dimensions) or as `[h, w]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pair(pub u64, pub u64);
+
+impl Serialize for Pair {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == self.1 {
+            s.serialize_u64(self.0)
+        } else {
+            [self.0, self.1].serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Pair {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(u64),
+            Two([u64; 2]),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a non-negative integer or a pair [h, w]")
+        })? {
+            Raw::One(v) => Ok(Pair(v, v)),
+            Raw::Two([a, b]) => Ok(Pair(a, b)),
+        }
+    }
+}
+
+/// `gelu`'s `approximate`: `F.gelu(x, approximate=..)`. Both keep the input, so the estimate
+/// does not depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Approximate {
+    /// The erf form (`approximate="none"`, the default).
+    #[serde(rename = "none")]
+    Exact,
+    /// The tanh approximation.
+    Tanh,
+}
+
+/// How a `parameter` layer joins its tensor to the activations (`combine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CombineKind {
+    /// Broadcast and added (the default).
+    Add,
+    /// Broadcast and multiplied.
+    Mul,
+    /// Expanded over the batch and concatenated along `dim`.
+    Concat,
+}
+
+/// The `style` key: which implementation a layer follows. `rmsnorm` takes `llama` (default),
+/// `t5`, `gemma` or `olmo2`; `attention` takes `transformers` (default) or `torch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Style {
+    /// `LlamaRMSNorm`.
+    Llama,
+    /// `T5LayerNorm`.
+    T5,
+    /// `GemmaRMSNorm`.
+    Gemma,
+    /// `Olmo2RMSNorm`.
+    Olmo2,
+    /// transformers' attention modules.
+    Transformers,
+    /// `torch.nn.MultiheadAttention`.
+    Torch,
+}
+
+impl Style {
+    /// The name used in files.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Style::Llama => "llama",
+            Style::T5 => "t5",
+            Style::Gemma => "gemma",
+            Style::Olmo2 => "olmo2",
+            Style::Transformers => "transformers",
+            Style::Torch => "torch",
+        }
+    }
+}
+
+/// `qk_norm_scope`: where an attention layer's `qk_norm` RMS-normalizes queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QkNormScope {
+    /// Per head, over `head_dim` (Qwen3; the default).
+    Head,
+    /// Over the whole `heads·head_dim` projection before the head split (OLMo-2).
+    Projection,
+}
+
+macro_rules! layer_kinds {
+    ($($variant:ident => $name:literal $(| $alias:literal)*),* $(,)?) => {
+        /// The kind of a layer, as named in the `kind` key.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)] // documented per kind in graph::Op and the README
+        pub enum LayerKind { $($variant),* }
+
+        impl LayerKind {
+            /// Every kind, for error messages that list the valid names.
+            pub const ALL: &'static [LayerKind] = &[$(LayerKind::$variant),*];
+
+            /// The canonical name used in files.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self { $(LayerKind::$variant => $name),* }
+            }
+
+            fn from_name(s: &str) -> Option<LayerKind> {
+                match s { $($name $(| $alias)* => Some(LayerKind::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+layer_kinds! {
+    Repeat => "repeat" | "block",
+    Linear => "linear",
+    Conv1d => "conv1d",
+    Conv2d => "conv2d",
+    ConvTranspose1d => "conv_transpose1d" | "convtranspose1d",
+    ConvTranspose2d => "conv_transpose2d" | "convtranspose2d",
+    BatchNorm1d => "batchnorm1d" | "batch_norm1d",
+    BatchNorm2d => "batchnorm2d" | "batch_norm2d",
+    LayerNorm => "layernorm" | "layer_norm",
+    RmsNorm => "rmsnorm" | "rms_norm",
+    GroupNorm => "groupnorm" | "group_norm",
+    Embedding => "embedding",
+    PositionEmbedding => "position_embedding",
+    TokenTypeEmbedding => "token_type_embedding",
+    Rotary => "rotary" | "rotary_embedding" | "rope",
+    Parameter => "parameter",
+    Dropout => "dropout",
+    Relu => "relu",
+    Relu6 => "relu6",
+    Hardswish => "hardswish",
+    Hardsigmoid => "hardsigmoid",
+    LeakyRelu => "leaky_relu",
+    Gelu => "gelu",
+    GeluNew => "gelu_new",
+    Silu => "silu" | "swish",
+    Tanh => "tanh",
+    Sigmoid => "sigmoid",
+    Softmax => "softmax",
+    Mul => "mul",
+    Add => "add",
+    Concat => "concat" | "cat",
+    MaxPool2d => "maxpool2d" | "max_pool2d",
+    AvgPool2d => "avgpool2d" | "avg_pool2d",
+    AdaptiveAvgPool2d => "adaptive_avgpool2d" | "adaptive_avg_pool2d",
+    Flatten => "flatten",
+    Reshape => "reshape" | "view",
+    Transpose => "transpose",
+    Permute => "permute",
+    Narrow => "narrow" | "slice",
+    Select => "select",
+    Attention => "attention" | "self_attention" | "multihead_attention",
+    CrossAttention => "cross_attention",
+    RelativePositionBias => "relative_position_bias",
+    Moe => "moe" | "mixture_of_experts",
+    StochasticDepth => "stochastic_depth",
+    ShiftRight => "shift_right",
+    Scale => "scale",
+    CrossEntropy => "cross_entropy" | "cross_entropy_loss",
+}
+
+impl fmt::Display for LayerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl Serialize for LayerKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for LayerKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        LayerKind::from_name(&s).ok_or_else(|| {
+            let names: Vec<&str> = LayerKind::ALL.iter().map(|k| k.as_str()).collect();
+            let hint = crate::error::nearest(&s, &names)
+                .map(|n| format!(" (did you mean `{n}`?)"))
+                .unwrap_or_default();
+            serde::de::Error::custom(format!(
+                "unknown layer kind `{s}`{hint}; expected one of {}",
+                names.join(", ")
+            ))
+        })
+    }
+}
+
+#[allow(clippy::derivable_impls)] // the enum comes from a macro
+impl Default for LayerKind {
+    fn default() -> Self {
+        LayerKind::Linear
+    }
+}
+
+/// Keys that every kind accepts; [`LayerSpec::set_keys`] leaves them out.
+const COMMON_KEYS: [&str; 5] = ["kind", "name", "inputs", "trainable", "note"];
+
+impl LayerSpec {
+    /// Names of the kind-specific keys that are set (everything but `kind`, `name`, `inputs`,
+    /// `trainable`, `note`), in alphabetical order. They are the keys `self` serializes to
+    /// (unset keys are skipped), so a new field needs no second list.
+    #[must_use]
+    pub fn set_keys(&self) -> Vec<String> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| !COMMON_KEYS.contains(&k.as_str()))
+                .collect(),
+            // A struct of plain fields always serializes to an object.
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_keys_are_the_serialized_keys() {
+        let l = LayerSpec {
+            kind: LayerKind::Conv2d,
+            name: Some("c".into()),
+            out_channels: Some(3),
+            kernel: Some(Pair(3, 3)),
+            approximate: Some(Approximate::Tanh),
+            ..LayerSpec::default()
+        };
+        assert_eq!(l.set_keys(), ["approximate", "kernel", "out_channels"]);
+    }
+}
