@@ -64,6 +64,11 @@ impl<'a> KeyReader<'a> {
         self.spec.kind
     }
 
+    /// The keys read so far, in reading order.
+    pub(crate) fn keys(&self) -> &[&'static str] {
+        &self.read
+    }
+
     /// The layer's name.
     pub(crate) fn name(&self) -> &'a str {
         self.name

@@ -325,8 +325,12 @@ fn build_layers(
 }
 
 /// Reads a `repeat` block's keys: its copy count (at least 1) and its body.
-fn read_repeat<'a>(s: &'a LayerSpec, name: &str) -> Result<(u64, &'a [LayerSpec]), String> {
-    let mut r = KeyReader::new(s, name);
+fn read_repeat<'a>(s: &'a LayerSpec, name: &'a str) -> Result<(u64, &'a [LayerSpec]), String> {
+    repeat_keys(&mut KeyReader::new(s, name))
+}
+
+fn repeat_keys<'a>(r: &mut KeyReader<'a>) -> Result<(u64, &'a [LayerSpec]), String> {
+    let s = r.spec();
     let count = r.or(keys::key!(s.count), 1);
     let body = r.opt(keys::key!(ref s.layers));
     r.finish()?;
@@ -340,10 +344,31 @@ fn read_repeat<'a>(s: &'a LayerSpec, name: &str) -> Result<(u64, &'a [LayerSpec]
 /// Reads a layer's keys into its kind's config (the kind's reader rejects keys it does not
 /// read).
 fn build_op(s: &LayerSpec, name: &str) -> Result<Op, String> {
+    read_op(&mut KeyReader::new(s, name))
+}
+
+/// The keys a kind accepts, in the order its config reads them (the list its errors give).
+#[must_use]
+pub fn kind_keys(kind: LayerKind) -> Vec<&'static str> {
+    let spec = LayerSpec {
+        kind,
+        ..LayerSpec::default()
+    };
+    let mut r = KeyReader::new(&spec, "");
+    // Every reader reads all its keys before it can fail (on the missing required ones here).
+    let _ = if kind == LayerKind::Repeat {
+        repeat_keys(&mut r).map(|_| ())
+    } else {
+        read_op(&mut r).map(|_| ())
+    };
+    r.keys().to_vec()
+}
+
+/// Reads a layer's config with `r` (any kind but `repeat`).
+fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
     use LayerKind as K;
-    let r = &mut KeyReader::new(s, name);
-    Ok(match s.kind {
-        K::Repeat => unreachable!("handled by the caller"),
+    Ok(match r.kind() {
+        K::Repeat => return Err("`repeat` is a block, not an operation".into()),
         K::Linear => Op::Linear(LinearCfg::read(r)?),
         K::Conv1d | K::Conv2d | K::ConvTranspose1d | K::ConvTranspose2d => {
             Op::Conv(ConvCfg::read(r)?)
@@ -396,4 +421,29 @@ fn build_op(s: &LayerSpec, name: &str) -> Result<Op, String> {
         K::Scale => Op::Scale(ScaleCfg::read(r)?),
         K::CrossEntropy => Op::CrossEntropy(CrossEntropyCfg::read(r)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_keys_are_what_the_readers_read() {
+        assert_eq!(
+            kind_keys(LayerKind::Linear),
+            ["in_features", "out_features", "bias", "tie", "quantize"]
+        );
+        assert_eq!(kind_keys(LayerKind::Repeat), ["count", "layers"]);
+        assert!(kind_keys(LayerKind::ConvTranspose2d).contains(&"output_padding"));
+        assert!(!kind_keys(LayerKind::Conv2d).contains(&"output_padding"));
+        assert!(kind_keys(LayerKind::Tanh).is_empty());
+        // Every kind reads each key once.
+        for &kind in LayerKind::ALL {
+            let keys = kind_keys(kind);
+            let mut unique = keys.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), keys.len(), "{kind}: {keys:?}");
+        }
+    }
 }

@@ -608,3 +608,71 @@ fn permute_and_layer_scale() {
 fn narrow() {
     check("narrow", &[], 256, 6);
 }
+
+/// The README's layer-kind table documents exactly the keys each kind's config reads
+/// (`memest::graph::kind_keys`): every key of a kind appears in its row, and a row names no key
+/// that only other kinds take.
+#[test]
+fn readme_lists_the_keys_each_kind_reads() {
+    use memest::graph::kind_keys;
+    use memest::spec::LayerKind;
+
+    let readme = std::fs::read_to_string(crate::common::path("README.md")).unwrap();
+    let section = readme
+        .split("### Layer kinds")
+        .nth(1)
+        .expect("README has a `### Layer kinds` section");
+    let table = section.split("\n#").next().unwrap_or(section);
+    let all: std::collections::BTreeSet<&str> =
+        LayerKind::ALL.iter().flat_map(|&k| kind_keys(k)).collect();
+    let mut documented = std::collections::HashSet::new();
+    for row in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        // The first word of each `code span` of the keys column outside parentheses (inside
+        // them are values and explanations).
+        let mut words = Vec::new();
+        let mut depth = 0_usize;
+        for (i, part) in cells[1].split('`').enumerate() {
+            if i % 2 == 1 {
+                if depth == 0 {
+                    words.extend(part.split([' ', '=']).next());
+                }
+            } else {
+                depth =
+                    (depth + part.matches('(').count()).saturating_sub(part.matches(')').count());
+            }
+        }
+        for name in cells[0]
+            .trim_start_matches("| ")
+            .split('`')
+            .skip(1)
+            .step_by(2)
+        {
+            let kind = LayerKind::ALL
+                .iter()
+                .copied()
+                .find(|k| k.as_str() == name)
+                .unwrap_or_else(|| panic!("README names an unknown kind `{name}`"));
+            documented.insert(kind);
+            let keys = kind_keys(kind);
+            for key in &keys {
+                assert!(
+                    words.contains(key),
+                    "README: `{name}` does not list its key `{key}`"
+                );
+            }
+            for word in &words {
+                assert!(
+                    !all.contains(word) || keys.contains(word),
+                    "README: `{name}` lists `{word}`, which it does not take"
+                );
+            }
+        }
+    }
+    for &kind in LayerKind::ALL {
+        assert!(
+            kind == LayerKind::Repeat || documented.contains(&kind),
+            "README's layer-kind table has no row for `{kind}`"
+        );
+    }
+}
