@@ -1,6 +1,6 @@
 //! Run settings: batch, sequence length, dtypes, optimizer, mode, and how kernels behave.
 //! The file's `[defaults]` give the starting values; command-line flags override them. This
-//! module only resolves them: the closed sets of names are in [`crate::vocab`] and
+//! module only resolves them: the closed sets of names are in [`mod@crate::vocab`] and
 //! [`crate::cost`], what they cost in [`crate::cost`].
 
 use serde::Serialize;

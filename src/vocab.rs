@@ -2,7 +2,7 @@
 //!
 //! Each set is an enum deriving clap's [`ValueEnum`]: its variants give the canonical names and
 //! `#[value(alias = …)]` the aliases, once. The same table parses flags ([`VocabParser`]) and
-//! file values (serde, through [`vocab!`](crate::vocab!)), prints names ([`fmt::Display`],
+//! file values (serde, through [`vocab!`](crate::vocab!)), prints names ([`std::fmt::Display`],
 //! [`serde::Serialize`]) and lists the accepted values in errors, so the two front ends cannot
 //! drift apart. Names match case-insensitively, with `_` read as `-` (`SGD_Nesterov`). The
 //! JSON schema (`schemars`) spells the same names; `tests/it` checks the schema file.

@@ -2,8 +2,9 @@
 //! from tracing and replay.
 //!
 //! - [`optim`]: optimizer state, step temporaries ([`OptimizerImpl`]: `foreach`, for-loop,
-//!   fused), nominal bytes per parameter, and the [`OptimizerPlan`] of one step (master weights,
-//!   float32 gradient copies).
+//!   fused) and nominal state bytes per parameter.
+//! - [`plan`]: the [`OptimizerPlan`] of one step under a recipe (master weights, float32
+//!   gradient copies) and the recipe's [`BytesPerParam`].
 //! - [`recipe`]: precision recipes ([`RecipeName`], [`Recipe`], [`Amp`]) and the bytes per
 //!   parameter they imply.
 //! - [`quant`]: quantized-weight layouts ([`Quant`]).
@@ -13,10 +14,12 @@
 //! it without a cycle.
 
 pub mod optim;
+pub mod plan;
 pub mod quant;
 pub mod recipe;
 
-pub use optim::{BytesPerParam, Optimizer, OptimizerImpl, OptimizerPlan};
+pub use optim::{Optimizer, OptimizerImpl};
+pub use plan::{BytesPerParam, OptimizerPlan};
 pub use quant::Quant;
 pub use recipe::{Amp, Recipe, RecipeName};
 

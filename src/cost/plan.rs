@@ -1,0 +1,211 @@
+//! One optimizer step under a precision recipe: what it keeps and allocates
+//! ([`OptimizerPlan`]), and the bytes per parameter the recipe implies ([`BytesPerParam`]).
+
+use serde::Serialize;
+
+use super::TensorInfo;
+use super::optim::{Optimizer, OptimizerImpl};
+use super::recipe::Recipe;
+use crate::dtype::DType;
+
+/// Bytes per parameter a recipe implies. Optimizer state leaves out per-tensor step counters;
+/// for Adafactor, whose factored state depends on the shapes, it is this model's average.
+#[derive(Clone, Copy, Debug, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct BytesPerParam {
+    /// The parameter itself.
+    #[serde(serialize_with = "number")]
+    pub weights: f64,
+    /// Its gradient.
+    #[serde(serialize_with = "number")]
+    pub gradients: f64,
+    /// Its float32 master copy.
+    #[serde(serialize_with = "number")]
+    pub master_weights: f64,
+    /// Its optimizer state.
+    #[serde(serialize_with = "number")]
+    pub optimizer_state: f64,
+    /// The sum.
+    #[serde(serialize_with = "number")]
+    pub total: f64,
+}
+
+/// Whole numbers as JSON integers (`16`, not `16.0`), others as they are.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn number<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked whole and small
+    if v.fract() == 0.0 && (0.0..9.0e15).contains(v) {
+        s.serialize_u64(*v as u64)
+    } else {
+        s.serialize_f64(*v)
+    }
+}
+
+impl BytesPerParam {
+    /// The bytes per trainable parameter of `recipe` with `optimizer` (`None`: no optimizer, or
+    /// inference when `training` is false). `state_bytes` over `trainable_params` gives the
+    /// average shown for an optimizer without a nominal figure (Adafactor), rounded to 3
+    /// decimals.
+    #[must_use]
+    pub fn new(
+        recipe: &Recipe,
+        optimizer: Option<Optimizer>,
+        training: bool,
+        state_bytes: u64,
+        trainable_params: u64,
+    ) -> BytesPerParam {
+        #[allow(clippy::cast_precision_loss)] // bit widths are small
+        let bytes = |d: DType| d.bits() as f64 / 8.0;
+        let optimizer_state = optimizer.filter(|_| training).map_or(0.0, |o| {
+            o.nominal_state_bytes_per_param(bytes(recipe.optimizer_dtype()))
+                .unwrap_or_else(|| {
+                    #[allow(clippy::cast_precision_loss)] // an average for display
+                    let avg = state_bytes as f64 / trainable_params.max(1) as f64;
+                    (avg * 1000.0).round() / 1000.0
+                })
+        });
+        let weights = bytes(recipe.weights);
+        let gradients = if training {
+            bytes(recipe.gradients)
+        } else {
+            0.0
+        };
+        let master_weights = match recipe.master_weights {
+            Some(m) if training => bytes(m),
+            _ => 0.0,
+        };
+        BytesPerParam {
+            weights,
+            gradients,
+            master_weights,
+            optimizer_state,
+            total: weights + gradients + master_weights + optimizer_state,
+        }
+    }
+}
+
+/// What the optimizer keeps and allocates in one step under a recipe: state, master weights,
+/// temporaries, and the float32 copies of 16-bit gradients. `Id` names a parameter (the
+/// caller's value id).
+#[derive(Clone, Debug)]
+pub struct OptimizerPlan<Id> {
+    /// Optimizer state, shared state included.
+    pub state_bytes: u64,
+    /// Float32 master copies.
+    pub master_bytes: u64,
+    /// Temporaries of the step ([`OptimizerImpl::step_temporaries`]).
+    pub temp_bytes: u64,
+    /// Per parameter with a master copy and 16-bit gradients: its id, the 16-bit gradient's
+    /// bytes and the float32 copy's bytes.
+    grad_copies: Vec<(Id, u64, u64)>,
+}
+
+impl<Id> Default for OptimizerPlan<Id> {
+    fn default() -> Self {
+        OptimizerPlan {
+            state_bytes: 0,
+            master_bytes: 0,
+            temp_bytes: 0,
+            grad_copies: Vec::new(),
+        }
+    }
+}
+
+impl<Id: Copy> OptimizerPlan<Id> {
+    /// The plan for `optimizer` run as `implementation` under `recipe`, over the trainable
+    /// parameters `params`: each one's id, tensor facts and dtype, in `model.parameters()`
+    /// order. The optimizer updates a float32 master copy of each parameter in the recipe's
+    /// 16-bit weight dtype under a `mixed-*` recipe, else the parameter itself; gradients not
+    /// already in the master dtype (a float32 `main_grad` is) are copied to it, as Megatron's
+    /// `_copy_model_grads_to_main_grads` does.
+    #[must_use]
+    pub fn new<'a>(
+        optimizer: Optimizer,
+        implementation: OptimizerImpl,
+        recipe: &Recipe,
+        params: impl IntoIterator<Item = (Id, TensorInfo<'a>, DType)>,
+    ) -> OptimizerPlan<Id> {
+        let mut plan = OptimizerPlan::default();
+        let mut views = Vec::new();
+        for (id, param, dtype) in params {
+            let mut view = param;
+            if let Some(master) = recipe
+                .master_weights
+                .filter(|&m| m != dtype && dtype == recipe.weights)
+            {
+                view.bytes = master.bytes_for(param.numel).unwrap_or(u64::MAX);
+                plan.master_bytes = plan.master_bytes.saturating_add(view.bytes);
+                let grad_dtype = recipe.grad_dtype_override().unwrap_or(dtype);
+                if grad_dtype != master {
+                    let grad = grad_dtype.bytes_for(param.numel).unwrap_or(0);
+                    plan.grad_copies.push((id, grad, view.bytes));
+                }
+            }
+            plan.state_bytes = plan.state_bytes.saturating_add(optimizer.state_bytes(view));
+            views.push(view);
+        }
+        plan.state_bytes = plan
+            .state_bytes
+            .saturating_add(optimizer.shared_state_bytes(&views));
+        plan.temp_bytes = implementation.step_temporaries(optimizer, &views);
+        plan
+    }
+
+    /// Bytes of the float32 gradient copies, and of the 16-bit gradients they replace, for
+    /// the parameters that received a gradient.
+    pub fn master_grad_copies(&self, has_grad: impl Fn(Id) -> bool) -> (u64, u64) {
+        self.grad_copies
+            .iter()
+            .filter(|(id, _, _)| has_grad(*id))
+            .fold((0, 0), |(c, f), &(_, grad, copy)| {
+                (c.saturating_add(copy), f.saturating_add(grad))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::RecipeName;
+
+    #[test]
+    fn bytes_per_param_are_json_numbers() {
+        let b = BytesPerParam {
+            weights: 2.0,
+            gradients: 2.0,
+            master_weights: 4.0,
+            optimizer_state: 2.03125,
+            total: 10.03125,
+        };
+        assert_eq!(
+            serde_json::to_string(&b).unwrap(),
+            r#"{"weights":2,"gradients":2,"master_weights":4,"optimizer_state":2.03125,"total":10.03125}"#
+        );
+    }
+
+    /// Under `mixed-bf16` the optimizer updates float32 master copies: its state and
+    /// temporaries are float32, and each bfloat16 gradient is copied to float32.
+    #[test]
+    fn mixed_plan_updates_float32_master_copies() {
+        let shape = [64u64, 1568];
+        let t = TensorInfo {
+            shape: &shape,
+            numel: 100_352,
+            bytes: 200_704,
+        };
+        let recipe = RecipeName::MixedBf16.recipe();
+        let plan = OptimizerPlan::new(
+            Optimizer::Adam,
+            OptimizerImpl::Foreach,
+            &recipe,
+            [(7usize, t, DType::Bfloat16)],
+        );
+        assert_eq!(plan.master_bytes, 401_408);
+        assert_eq!(plan.state_bytes, 2 * 401_408 + 4);
+        assert_eq!(plan.temp_bytes, 401_408);
+        assert_eq!(plan.master_grad_copies(|id| id == 7), (401_408, 200_704));
+        assert_eq!(plan.master_grad_copies(|_| false), (0, 0));
+        let bpp = BytesPerParam::new(&recipe, Some(Optimizer::Adam), true, 0, 1);
+        assert_eq!(bpp.total, 16.0);
+    }
+}
