@@ -73,8 +73,15 @@ impl ConvCfg {
             ("output_padding", output_padding),
             ("dilation", dilation),
         ];
-        let mut axes = Vec::with_capacity(spatial);
-        if spatial == 1 {
+        // One axis from the first (height) or the second (width, or the only) size of each key.
+        let axis = |pick: fn(Pair) -> u64| ConvAxis {
+            kernel: pick(kernel),
+            stride: pick(stride),
+            padding: pick(padding),
+            dilation: pick(dilation),
+            output_padding: pick(output_padding),
+        };
+        let axes = if spatial == 1 {
             // One size: `kernel = 3` (or a pair of equal sizes).
             if let Some((name, p)) = named.iter().find(|(_, p)| p.0 != p.1) {
                 return Err(format!(
@@ -82,29 +89,10 @@ impl ConvCfg {
                     p.0, p.1
                 ));
             }
-            axes.push(axis(
-                kernel.1,
-                stride.1,
-                padding.1,
-                dilation.1,
-                output_padding.1,
-            ));
+            vec![axis(|p| p.1)]
         } else {
-            axes.push(axis(
-                kernel.0,
-                stride.0,
-                padding.0,
-                dilation.0,
-                output_padding.0,
-            ));
-            axes.push(axis(
-                kernel.1,
-                stride.1,
-                padding.1,
-                dilation.1,
-                output_padding.1,
-            ));
-        }
+            vec![axis(|p| p.0), axis(|p| p.1)]
+        };
         if !out_channels.is_multiple_of(groups) {
             return Err(format!(
                 "`out_channels` ({out_channels}) must be divisible by `groups` ({groups})"
@@ -131,12 +119,64 @@ impl ConvCfg {
     }
 }
 
-fn axis(kernel: u64, stride: u64, padding: u64, dilation: u64, output_padding: u64) -> ConvAxis {
-    ConvAxis {
-        kernel,
-        stride,
-        padding,
-        dilation,
-        output_padding,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::LayerSpec;
+
+    fn read(s: &LayerSpec) -> Result<ConvCfg, String> {
+        ConvCfg::read(&mut KeyReader::new(s, "c"))
+    }
+
+    fn spec(kind: LayerKind) -> LayerSpec {
+        LayerSpec {
+            kind,
+            out_channels: Some(6),
+            kernel: Some(Pair(3, 3)),
+            ..LayerSpec::default()
+        }
+    }
+
+    #[test]
+    fn one_axis_per_spatial_dimension() {
+        assert_eq!(read(&spec(LayerKind::Conv1d)).unwrap().axes.len(), 1);
+        let c = read(&LayerSpec {
+            kernel: Some(Pair(3, 5)),
+            ..spec(LayerKind::Conv2d)
+        })
+        .unwrap();
+        assert_eq!((c.axes[0].kernel, c.axes[1].kernel), (3, 5));
+        let e = read(&LayerSpec {
+            kernel: Some(Pair(3, 5)),
+            ..spec(LayerKind::Conv1d)
+        })
+        .unwrap_err();
+        assert_eq!(e, "`kernel` [3, 5] gives two sizes; `conv1d` takes one");
+    }
+
+    #[test]
+    fn output_padding_is_transposed_only_and_below_the_stride() {
+        let e = read(&LayerSpec {
+            output_padding: Some(Pair(1, 1)),
+            ..spec(LayerKind::Conv2d)
+        })
+        .unwrap_err();
+        assert!(
+            e.starts_with("key `output_padding` does not apply to `conv2d`"),
+            "{e}"
+        );
+        let ok = LayerSpec {
+            stride: Some(Pair(2, 2)),
+            output_padding: Some(Pair(1, 1)),
+            ..spec(LayerKind::ConvTranspose2d)
+        };
+        let c = read(&ok).unwrap();
+        assert!(c.transposed);
+        assert_eq!(c.axes[0].output_padding, 1);
+        let too_big = LayerSpec {
+            output_padding: Some(Pair(2, 2)),
+            ..ok
+        };
+        assert!(read(&too_big).is_err());
     }
 }
