@@ -22,6 +22,8 @@ pub enum Error {
     Hf(HfError),
     /// A size computation overflowed 64 bits.
     Overflow(String),
+    /// memest broke one of its own invariants (a bug): what went wrong.
+    Internal(&'static str),
 }
 
 /// A syntax or schema error, with its 1-based position when known.
@@ -176,6 +178,7 @@ impl fmt::Display for Error {
             Error::Hf(e) => e.fmt(f),
             Error::Model(m) => f.write_str(m),
             Error::Overflow(what) => write!(f, "size overflow: {what} does not fit in 64 bits"),
+            Error::Internal(what) => write!(f, "internal error: {what} (a bug in memest)"),
         }
     }
 }

@@ -1,0 +1,371 @@
+//! The replay: the step's three phases over a tape, allocation by allocation, tracking the live
+//! bytes of every [`Category`] and the peak.
+//!
+//! Running totals are checked: a sum past 64 bits saturates and is reported as
+//! [`Error::Overflow`]; a subtraction below zero is a bug in memest, reported as
+//! [`Error::Internal`], never a wrapped number.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+
+use typed_index_collections::{TiVec, ti_vec};
+
+use super::liveness::{Liveness, touched};
+use super::{Category, Phase};
+use crate::Error;
+use crate::cost::OptimizerPlan;
+use crate::dtype::DType;
+use crate::trace::{LayerId, SegmentId, StorageId, StorageKind, Tape, ValueId};
+
+/// Live bytes per category, and the peak so far.
+pub(super) struct Replay<'a> {
+    tape: &'a Tape,
+    facts: &'a Liveness,
+    live: TiVec<StorageId, bool>,
+    /// Category an Activation storage counts in while live.
+    act_cat: TiVec<StorageId, Category>,
+    cur: [u64; Category::COUNT],
+    /// The largest total so far, its phase, its layer and the categories then.
+    pub peak: u64,
+    pub peak_phase: Phase,
+    pub peak_layer: Option<LayerId>,
+    pub at_peak: [u64; Category::COUNT],
+    /// Each category's own maximum.
+    pub max: [u64; Category::COUNT],
+    /// Largest total of live activations in forward (kept, transient and KV cache).
+    pub live_act_max: u64,
+    /// A running total overflowed 64 bits.
+    overflow: bool,
+    /// A running total would have gone below zero.
+    underflow: bool,
+}
+
+/// What the backward pass leaves for the optimizer step.
+pub(super) struct Backward {
+    /// Parameter gradient bytes (`.grad`, each parameter once).
+    pub gradient_bytes: u64,
+    /// The parameter values that received a gradient.
+    pub has_grad: TiVec<ValueId, bool>,
+}
+
+impl<'a> Replay<'a> {
+    /// A replay of `tape` with nothing live yet.
+    pub(super) fn new(tape: &'a Tape, facts: &'a Liveness) -> Replay<'a> {
+        let act_cat = facts
+            .saved_fwd
+            .keys()
+            .map(|s| {
+                if facts.kept(s) {
+                    Category::Activations
+                } else {
+                    Category::Temporaries
+                }
+            })
+            .collect();
+        Replay {
+            tape,
+            facts,
+            live: ti_vec![false; tape.storages.len()],
+            act_cat,
+            cur: [0; Category::COUNT],
+            peak: 0,
+            peak_phase: Phase::Forward,
+            peak_layer: None,
+            at_peak: [0; Category::COUNT],
+            max: [0; Category::COUNT],
+            live_act_max: 0,
+            overflow: false,
+            underflow: false,
+        }
+    }
+
+    /// The first error the running totals met, if any.
+    pub(super) fn error(&self) -> Option<Error> {
+        if self.underflow {
+            Some(Error::Internal(
+                "a memory total of the step went below zero",
+            ))
+        } else if self.overflow {
+            Some(Error::Overflow("the memory total of the step".into()))
+        } else {
+            None
+        }
+    }
+
+    fn category(&self, s: StorageId) -> Category {
+        match self.tape.storages[s].kind {
+            StorageKind::Parameter => Category::Parameters,
+            StorageKind::Buffer => Category::Buffers,
+            StorageKind::Input => Category::Input,
+            StorageKind::KvCache => Category::KvCache,
+            StorageKind::Activation => self.act_cat[s],
+        }
+    }
+
+    /// Adds to a category's running total; an overflow saturates and is reported at the end.
+    fn add(&mut self, c: Category, bytes: u64) {
+        let cur = &mut self.cur[c.index()];
+        *cur = cur.checked_add(bytes).unwrap_or_else(|| {
+            self.overflow = true;
+            u64::MAX
+        });
+    }
+
+    /// Takes from a category's running total; going below zero is a bug, reported at the end.
+    fn sub(&mut self, c: Category, bytes: u64) {
+        let cur = &mut self.cur[c.index()];
+        *cur = cur.checked_sub(bytes).unwrap_or_else(|| {
+            self.underflow = true;
+            0
+        });
+    }
+
+    fn alloc(&mut self, s: StorageId) {
+        if !self.live[s] {
+            self.live[s] = true;
+            self.add(self.category(s), self.tape.storages[s].bytes);
+        }
+    }
+
+    fn free(&mut self, s: StorageId) {
+        if self.live[s] {
+            self.live[s] = false;
+            self.sub(self.category(s), self.tape.storages[s].bytes);
+        }
+    }
+
+    /// Records the totals now, during `phase` in `layer`.
+    fn check(&mut self, phase: Phase, layer: Option<LayerId>) {
+        let total = self
+            .cur
+            .iter()
+            .try_fold(0u64, |a, &c| a.checked_add(c))
+            .unwrap_or_else(|| {
+                self.overflow = true;
+                u64::MAX
+            });
+        for (m, c) in self.max.iter_mut().zip(self.cur) {
+            *m = (*m).max(c);
+        }
+        if phase == Phase::Forward {
+            let acts = self.cur[Category::Activations.index()]
+                .saturating_add(self.cur[Category::Temporaries.index()])
+                .saturating_add(self.cur[Category::KvCache.index()]);
+            self.live_act_max = self.live_act_max.max(acts);
+        }
+        if total > self.peak {
+            self.peak = total;
+            self.peak_phase = phase;
+            self.peak_layer = layer;
+            self.at_peak = self.cur;
+        }
+    }
+
+    /// Before the step: parameters, buffers, the input batch and its labels, the optimizer
+    /// state and master weights exist.
+    pub(super) fn start(&mut self, state_bytes: u64, master_bytes: u64) {
+        for (s, storage) in self.tape.storages.iter_enumerated() {
+            if matches!(
+                storage.kind,
+                StorageKind::Parameter | StorageKind::Buffer | StorageKind::Input
+            ) {
+                self.alloc(s);
+            }
+        }
+        self.add(Category::OptimizerState, state_bytes);
+        self.add(Category::MasterWeights, master_bytes);
+        self.check(Phase::Forward, None);
+    }
+
+    /// The forward pass: each step allocates, then frees the activations it used last, unless
+    /// autograd keeps them for backward (in training) or the caller holds them.
+    pub(super) fn forward(&mut self, training: bool) {
+        let (tape, facts) = (self.tape, self.facts);
+        for (i, step) in tape.steps.iter().enumerate() {
+            for &s in &step.allocs {
+                self.alloc(s);
+            }
+            self.check(Phase::Forward, Some(step.layer));
+            for s in touched(tape, i) {
+                let free = tape.storages[s].kind == StorageKind::Activation
+                    && facts.last_use[s] <= i
+                    && !(training && facts.saved_fwd[s])
+                    && !facts.held[s];
+                if free {
+                    self.free(s);
+                }
+            }
+        }
+    }
+
+    /// The backward pass, steps in reverse: a checkpointed segment is recomputed before its
+    /// last step's backward; each step allocates its inputs' gradients (a parameter's persists
+    /// in `.grad` in `param_grad` dtype when given, an activation's dies when consumed), then
+    /// frees what only it had saved.
+    pub(super) fn backward(&mut self, param_grad: Option<(DType, DType)>) -> Backward {
+        let tape = self.tape;
+        let facts = self.facts;
+        let mut grads: HashMap<ValueId, u64> = HashMap::new();
+        let mut has_grad: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
+        let mut gradient_bytes = 0u64;
+        let seg_by_end: HashMap<usize, SegmentId> = tape
+            .segments
+            .iter_enumerated()
+            .map(|(g, s)| (s.end, g))
+            .collect();
+        let seg_by_start: HashMap<usize, SegmentId> = tape
+            .segments
+            .iter_enumerated()
+            .map(|(g, s)| (s.start, g))
+            .collect();
+        let temp = Category::Temporaries;
+        for i in (0..tape.steps.len()).rev() {
+            if let Some(&g) = seg_by_end.get(&(i + 1)) {
+                self.recompute(g);
+            }
+            let step = &tape.steps[i];
+            let mut transient = 0u64;
+            let mut moved: Option<u64> = None;
+            if step.view_grad {
+                let sum = step
+                    .outputs
+                    .iter()
+                    .filter_map(|o| grads.remove(o))
+                    .try_fold(0u64, u64::checked_add);
+                moved = Some(sum.unwrap_or_else(|| {
+                    self.overflow = true;
+                    u64::MAX
+                }));
+            }
+            for &v in &step.grads {
+                let val = &tape.values[v];
+                // Parameter gradients take the recipe's gradient dtype (a float32 accumulation
+                // buffer under `mixed-bf16-fp32-grads`); activation gradients their value's.
+                let dtype = match param_grad {
+                    Some((weights, grad)) if val.param && val.dtype == weights => grad,
+                    _ => val.dtype,
+                };
+                let Some(bytes) = val.shape.numel().and_then(|n| dtype.bytes_for(n)) else {
+                    self.overflow = true;
+                    continue;
+                };
+                if val.param {
+                    if has_grad[v] {
+                        transient = transient.saturating_add(bytes);
+                    } else {
+                        has_grad[v] = true;
+                        gradient_bytes = gradient_bytes.saturating_add(bytes);
+                        self.add(Category::Gradients, bytes);
+                    }
+                } else if let Some(m) = moved.take() {
+                    // The input's gradient is a view of the output's; when the input already has
+                    // one, autograd adds this one into it and it dies.
+                    match grads.entry(v) {
+                        Entry::Vacant(e) => {
+                            e.insert(m);
+                        }
+                        Entry::Occupied(_) => {
+                            self.sub(temp, m);
+                            transient = transient.saturating_add(m);
+                        }
+                    }
+                } else if let Entry::Vacant(e) = grads.entry(v) {
+                    e.insert(bytes);
+                    self.add(temp, bytes);
+                } else {
+                    transient = transient.saturating_add(bytes);
+                }
+            }
+            if let Some(m) = moved {
+                // Nothing took the view: the gradient dies here.
+                self.sub(temp, m);
+            }
+            self.add(temp, transient);
+            self.check(Phase::Backward, Some(step.layer));
+            self.sub(temp, transient);
+            if !step.view_grad {
+                for o in &step.outputs {
+                    if let Some(b) = grads.remove(o) {
+                        self.sub(temp, b);
+                    }
+                }
+            }
+            let frees = |s: StorageId| facts.bwd_free_at[s] == Some(i) && !facts.held[s];
+            for &s in &step.saves {
+                if frees(s) && tape.storages[s].kind == StorageKind::Activation {
+                    self.free(s);
+                }
+            }
+            if let Some(&g) = seg_by_start.get(&i) {
+                for &s in &facts.seg_inputs[g] {
+                    if frees(s) {
+                        self.free(s);
+                    }
+                }
+            }
+        }
+        let leftover = grads
+            .values()
+            .try_fold(0u64, |a, &b| a.checked_add(b))
+            .unwrap_or_else(|| {
+                self.overflow = true;
+                u64::MAX
+            });
+        self.sub(temp, leftover);
+        Backward {
+            gradient_bytes,
+            has_grad,
+        }
+    }
+
+    /// Recomputes checkpointed segment `g`: what its own operators save stays for their
+    /// backward; everything else (the recomputed block output included) is dropped after its
+    /// last use inside the block.
+    fn recompute(&mut self, g: SegmentId) {
+        let (tape, facts) = (self.tape, self.facts);
+        let seg = &tape.segments[g];
+        let kept: HashSet<StorageId> = tape.steps[seg.start..seg.end]
+            .iter()
+            .flat_map(|s| s.saves.iter().copied())
+            .collect();
+        let mut replayed = Vec::new();
+        for j in seg.start..seg.end {
+            let step = &tape.steps[j];
+            for &s in &step.allocs {
+                if !self.live[s] {
+                    self.act_cat[s] = if kept.contains(&s) {
+                        Category::Activations
+                    } else {
+                        Category::Temporaries
+                    };
+                    self.alloc(s);
+                    replayed.push(s);
+                }
+            }
+            self.check(Phase::Backward, Some(step.layer));
+            for &s in &replayed {
+                let last = facts.last_use[s].min(seg.end - 1);
+                if self.live[s] && !kept.contains(&s) && last <= j {
+                    self.free(s);
+                }
+            }
+        }
+    }
+
+    /// The optimizer step. Under a `mixed-*` recipe with 16-bit gradients the optimizer first
+    /// gets float32 copies of them and the 16-bit ones are freed (Megatron's
+    /// `_copy_model_grads_to_main_grads`: `main_param.grad = model_param.grad.float()`,
+    /// `model_param.grad = None`); then the step's temporaries. Returns the step's temporaries
+    /// (copies included).
+    pub(super) fn optimizer_step(&mut self, plan: &OptimizerPlan<ValueId>, bwd: &Backward) -> u64 {
+        let (copies, freed) =
+            plan.master_grad_copies(|v| bwd.has_grad.get(v).copied().unwrap_or(false));
+        let temp_bytes = copies.saturating_add(plan.temp_bytes);
+        self.sub(Category::Gradients, freed);
+        self.add(Category::Temporaries, temp_bytes);
+        self.check(Phase::OptimizerStep, None);
+        self.sub(Category::Temporaries, temp_bytes);
+        self.add(Category::Gradients, freed);
+        temp_bytes
+    }
+}
