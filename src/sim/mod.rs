@@ -236,13 +236,4 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn category_index_is_its_position_in_all() {
-        for (i, c) in Category::ALL.iter().enumerate() {
-            assert_eq!(c.index(), i, "{c:?}");
-        }
-    }
-}
+mod tests;

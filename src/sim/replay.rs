@@ -369,3 +369,30 @@ impl<'a> Replay<'a> {
         temp_bytes
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A total that would go below zero is an internal error, not a wrapped number.
+    #[test]
+    fn underflow_is_an_internal_error() {
+        let tape = Tape::default();
+        let facts = Liveness::of(&tape);
+        let mut r = Replay::new(&tape, &facts);
+        r.add(Category::Temporaries, 10);
+        r.sub(Category::Temporaries, 11);
+        assert!(matches!(r.error(), Some(Error::Internal(_))));
+        assert_eq!(r.cur[Category::Temporaries.index()], 0);
+    }
+
+    #[test]
+    fn overflow_is_an_overflow_error() {
+        let tape = Tape::default();
+        let facts = Liveness::of(&tape);
+        let mut r = Replay::new(&tape, &facts);
+        r.add(Category::Temporaries, u64::MAX);
+        r.add(Category::Temporaries, 1);
+        assert!(matches!(r.error(), Some(Error::Overflow(_))));
+    }
+}
