@@ -6,7 +6,7 @@
 //!
 //! Each layer kind is declared once: a config struct in this module's family files (`linear`,
 //! `conv`, `norm`, `embed`, `view`, `pool`, `pointwise`, `attention`), which documents the kind,
-//! reads its keys through a [`keys::KeyReader`] (so the keys it reads are the keys it accepts)
+//! reads its keys through a `KeyReader` (`keys`) (so the keys it reads are the keys it accepts)
 //! and is what [`Op`] carries to the tracer.
 
 mod attention;
