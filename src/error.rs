@@ -40,10 +40,27 @@ pub struct SpecError {
 /// An error in one layer, naming it by position, name and kind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerError {
-    /// Where the layer is, e.g. `layer #3 "fc2" (linear)` or `layer #5 "blocks" > #2 "attn" (attention)`.
-    pub layer: String,
+    /// Which layer.
+    pub layer: LayerAt,
     /// What was wrong.
     pub kind: LayerErrorKind,
+}
+
+/// Where a layer is in the model description.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LayerAt {
+    /// Its 1-based position in each enclosing block, from the top level down: `[5, 2]` is the
+    /// second layer of the body of the fifth top-level layer.
+    pub positions: Vec<usize>,
+    /// How errors name it: position, name and kind, e.g. `layer #3 "fc2" (linear)` or
+    /// `layer #5 "blocks" (repeat) > layer #2 "attn" (attention)`.
+    pub label: String,
+}
+
+impl fmt::Display for LayerAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label)
+    }
 }
 
 /// What is wrong with a layer.
@@ -194,12 +211,10 @@ impl Error {
         })
     }
 
-    /// An error in the layer labelled `layer`.
-    pub fn layer(layer: impl Into<String>, kind: LayerErrorKind) -> Error {
-        Error::Layer(LayerError {
-            layer: layer.into(),
-            kind,
-        })
+    /// An error in `layer`.
+    #[must_use]
+    pub fn layer(layer: LayerAt, kind: LayerErrorKind) -> Error {
+        Error::Layer(LayerError { layer, kind })
     }
 
     /// The 1-based line and column this error points at, when it has a position.
@@ -224,6 +239,7 @@ impl Error {
     pub fn at(self, origin: impl Into<String>) -> Located {
         Located {
             origin: origin.into(),
+            position: None,
             error: self,
         }
     }
@@ -235,19 +251,21 @@ impl Error {
 pub struct Located {
     /// The file the error is in (`<stdin>` for standard input).
     pub origin: String,
+    /// The 1-based line and column of what the error is about, when the error itself has no
+    /// position: the layer of a layer error in a TOML file (see `memest::locate`).
+    pub position: Option<(usize, usize)>,
     /// The error.
     pub error: Error,
 }
 
 impl fmt::Display for Located {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // A positioned error displays as `line:col: message` itself.
-        let sep = if self.error.position().is_some() {
-            ""
-        } else {
-            " "
-        };
-        write!(f, "{}:{sep}{}", self.origin, self.error)
+        match self.position {
+            Some((line, column)) => write!(f, "{}:{line}:{column}: {}", self.origin, self.error),
+            // A positioned error displays as `line:col: message` itself.
+            None if self.error.position().is_some() => write!(f, "{}:{}", self.origin, self.error),
+            None => write!(f, "{}: {}", self.origin, self.error),
+        }
     }
 }
 
@@ -336,7 +354,10 @@ mod tests {
     #[test]
     fn layer_errors_word_their_kind() {
         let rank = Error::layer(
-            "layer #1 \"c\" (conv2d)",
+            LayerAt {
+                positions: vec![1],
+                label: "layer #1 \"c\" (conv2d)".into(),
+            },
             LayerErrorKind::Rank {
                 input: Shape::from([8, 100]),
                 expected: "rank 4 [batch, channels, height, width]".into(),

@@ -41,6 +41,20 @@ pub mod vocab;
 pub use error::{Error, Located};
 pub use report::Report;
 
+/// `error` as found in `origin`, whose text is `src`: a layer error in a TOML description also
+/// gets the line and column where the layer starts.
+#[must_use]
+pub fn locate(error: Error, origin: &str, src: &str, format: spec::Format) -> Located {
+    let position = match (&error, format) {
+        (Error::Layer(e), spec::Format::Toml) => spec::toml_layer_position(src, &e.layer.positions),
+        _ => None,
+    };
+    Located {
+        position,
+        ..error.at(origin)
+    }
+}
+
 /// What to estimate for a parsed model: the flags' overrides, a budget, and a search for the
 /// largest size that fits it.
 #[derive(Clone, Debug, Default)]

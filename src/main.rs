@@ -34,8 +34,8 @@ fn main() -> ExitCode {
 fn run(req: Request) -> Result<ExitCode> {
     let input = req.input.read()?;
     let origin = input.origin.as_str();
-    let mut spec =
-        memest::load_spec(&input.src, input.format, req.head).map_err(|e| e.at(origin))?;
+    let located = |e| memest::locate(e, origin, &input.src, input.format);
+    let mut spec = memest::load_spec(&input.src, input.format, req.head).map_err(located)?;
     let mut out = io::stdout().lock();
     if req.print_model {
         spec.name.get_or_insert(input.name);
@@ -44,7 +44,7 @@ fn run(req: Request) -> Result<ExitCode> {
         out.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
-    let report = memest::run(&spec, &input.name, &req.query).map_err(|e| e.at(origin))?;
+    let report = memest::run(&spec, &input.name, &req.query).map_err(located)?;
     for w in &report.warnings {
         eprintln!("warning: {}", w.message(origin));
     }

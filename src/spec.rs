@@ -275,6 +275,31 @@ fn line_col(src: &str, offset: usize) -> (Option<usize>, Option<usize>) {
     (Some(line), Some(column))
 }
 
+/// The 1-based line and column where the layer at `positions` (1-based, through blocks, see
+/// [`crate::error::LayerAt`]) starts in a TOML description, for errors that name a layer. `None`
+/// when `src` does not parse or has no such layer.
+#[must_use]
+pub fn toml_layer_position(src: &str, positions: &[usize]) -> Option<(usize, usize)> {
+    /// Only the layers, with their spans; every other key is ignored.
+    #[derive(Deserialize)]
+    struct Layers {
+        #[serde(default)]
+        layers: Vec<toml::Spanned<Layers>>,
+    }
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
+    let mut layers = toml::from_str::<Layers>(src).ok()?.layers;
+    let mut span = None;
+    for &p in positions {
+        let layer = layers.into_iter().nth(p.checked_sub(1)?)?;
+        span = Some(layer.span());
+        layers = layer.into_inner().layers;
+    }
+    match line_col(src, span?.start) {
+        (Some(line), Some(column)) => Some((line, column)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,7 +36,7 @@ pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
 pub use view::{FlattenCfg, NarrowCfg, PermuteCfg, ReshapeCfg, SelectCfg, TransposeCfg};
 
 use crate::dtype::DType;
-use crate::error::{Error, LayerErrorKind};
+use crate::error::{Error, LayerAt, LayerErrorKind};
 use crate::spec::{DefaultsSpec, DimSpec, LayerKind, LayerSpec, ModelSpec};
 use keys::KeyReader;
 
@@ -60,8 +60,9 @@ pub struct Model {
 pub struct Layer {
     /// The layer's name (given, or `<kind><index>`).
     pub name: String,
-    /// Human-readable position, e.g. `layer #3 "fc2" (linear)`, used in errors.
-    pub label: String,
+    /// Where it is: its positions through blocks and its label, e.g. `layer #3 "fc2" (linear)`,
+    /// used in errors.
+    pub label: LayerAt,
     /// The kind as written.
     pub kind: LayerKind,
     /// Where the layer's inputs come from.
@@ -200,7 +201,7 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
         ));
     }
     let mut scopes: Vec<HashSet<String>> = Vec::new();
-    let layers = build_layers(&spec.layers, "", &mut scopes, true)?;
+    let layers = build_layers(&spec.layers, &LayerAt::default(), &mut scopes, true)?;
     Ok(Model {
         name: spec
             .name
@@ -215,13 +216,20 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
 
 fn build_layers(
     specs: &[LayerSpec],
-    prefix: &str,
+    parent: &LayerAt,
     scopes: &mut Vec<HashSet<String>>,
     parent_trainable: bool,
 ) -> Result<Vec<Layer>, Error> {
     scopes.push(HashSet::new());
     let mut out = Vec::with_capacity(specs.len());
+    let prefix = if parent.positions.is_empty() {
+        String::new()
+    } else {
+        format!("{} > ", parent.label)
+    };
     for (i, spec) in specs.iter().enumerate() {
+        let mut positions = parent.positions.clone();
+        positions.push(i + 1);
         // An unnamed layer is `<kind><position>` (`relu2`), made unique against the names the
         // block's layers are given.
         let name = spec.name.clone().unwrap_or_else(|| {
@@ -237,11 +245,17 @@ fn build_layers(
         });
         if name.is_empty() {
             return Err(Error::layer(
-                format!("{prefix}layer #{} ({})", i + 1, spec.kind),
+                LayerAt {
+                    positions,
+                    label: format!("{prefix}layer #{} ({})", i + 1, spec.kind),
+                },
                 LayerErrorKind::Invalid("`name` is empty".into()),
             ));
         }
-        let label = format!("{prefix}layer #{} \"{name}\" ({})", i + 1, spec.kind);
+        let label = LayerAt {
+            positions,
+            label: format!("{prefix}layer #{} \"{name}\" ({})", i + 1, spec.kind),
+        };
         let fail = |message: String| Error::layer(label.clone(), LayerErrorKind::Invalid(message));
         if spec.name.as_deref() == Some(INPUT) {
             return Err(fail(format!(
@@ -281,7 +295,7 @@ fn build_layers(
                     "`layers` is empty: a block needs at least one layer".into(),
                 ));
             }
-            let body = build_layers(body_specs, &format!("{label} > "), scopes, trainable)?;
+            let body = build_layers(body_specs, &label, scopes, trainable)?;
             Node::Repeat { count, body }
         } else {
             Node::Op(build_op(spec, &name).map_err(&fail)?)

@@ -32,7 +32,7 @@ pub use tape::{
 
 use crate::cost::Quant;
 use crate::dtype::DType;
-use crate::error::{Error, LayerErrorKind, SettingKey};
+use crate::error::{Error, LayerAt, LayerErrorKind, SettingKey};
 use crate::graph::{
     Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, Model, MoeCfg, Node, Op,
     QkNorm, RmsStyle,
@@ -62,7 +62,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         rope: None,
         cur_layer: LayerId::default(),
         segment: None,
-        label: String::new(),
+        label: LayerAt::default(),
         quantized: std::collections::HashSet::new(),
         position_bias: None,
         lora_adapters: 0,
@@ -82,8 +82,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         _ => settings.amp.map_or(settings.dtype, |_| DType::Float32),
     };
     t.tape.input_shape = shape.clone();
-    t.layer_index
-        .insert(String::from("<input>"), LayerId::default());
+    t.layer_index.insert(LayerAt::default(), LayerId::default());
     t.tape.layers.push(LayerInfo {
         path: INPUT.into(),
         name: INPUT.into(),
@@ -148,7 +147,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
 struct Tracer<'a> {
     s: &'a Settings,
     tape: Tape,
-    layer_index: HashMap<String, LayerId>,
+    layer_index: HashMap<LayerAt, LayerId>,
     /// Autocast's cache of lower-precision weight copies, one per parameter per forward.
     cast_cache: HashMap<ValueId, ValueId>,
     /// Embedding weights by layer name, for `tie`.
@@ -157,7 +156,7 @@ struct Tracer<'a> {
     rope: Option<Rope>,
     cur_layer: LayerId,
     segment: Option<SegmentId>,
-    label: String,
+    label: LayerAt,
     /// Quantized weight values (their matmuls dequantize a transient copy).
     quantized: std::collections::HashSet<ValueId>,
     /// The relative position bias of the current stack (T5).

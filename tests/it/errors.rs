@@ -391,7 +391,8 @@ mod typed {
         let Error::Layer(e) = estimate(src, Format::Toml, &Overrides::default()) else {
             panic!("expected a layer error")
         };
-        assert_eq!(e.layer, "layer #1 \"fc\" (linear)");
+        assert_eq!(e.layer.label, "layer #1 \"fc\" (linear)");
+        assert_eq!(e.layer.positions, [1]);
         assert!(matches!(e.kind, LayerErrorKind::Invalid(_)), "{e:?}");
     }
 
@@ -420,6 +421,33 @@ mod typed {
                 key: "in_features",
                 expected: 64,
             }
+        );
+    }
+
+    #[test]
+    fn a_layer_error_in_toml_points_at_the_layer() {
+        let src = "[input]\nshape = [16]\n\n[[layers]]\nkind = \"repeat\"\nname = \"blk\"\n\n  [[layers.layers]]\n  kind = \"relu\"\n\n  [[layers.layers]]\n  kind = \"linear\"\n  in_features = 3\n  out_features = 16\n";
+        let e = estimate(src, Format::Toml, &Overrides::default());
+        let Error::Layer(layer) = &e else {
+            panic!("expected a layer error: {e:?}")
+        };
+        assert_eq!(layer.layer.positions, [1, 2]);
+        let located = memest::locate(e, "m.toml", src, Format::Toml);
+        assert_eq!(located.position, Some((11, 3)));
+        assert!(
+            located.to_string().starts_with(
+                "m.toml:11:3: layer #1 \"blk\" (repeat) > layer #2 \"linear2\" (linear): "
+            ),
+            "{located}"
+        );
+        // JSON has no spans: the label alone says where.
+        let json = r#"{"input": {"shape": [16]}, "layers": [{"kind": "linear", "in_features": 3, "out_features": 4}]}"#;
+        let e = estimate(json, Format::Json, &Overrides::default());
+        let located = memest::locate(e, "m.json", json, Format::Json);
+        assert_eq!(located.position, None);
+        assert!(
+            located.to_string().starts_with("m.json: layer #1"),
+            "{located}"
         );
     }
 
