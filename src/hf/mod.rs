@@ -21,6 +21,7 @@ use serde_json::Value;
 use crate::dtype::DType;
 use crate::error::{Error, HfError};
 use crate::spec::{DefaultsSpec, DimSpec, InputSpec, ModelSpec};
+use crate::vocab::AttentionImpl;
 
 mod bert;
 mod config;
@@ -301,7 +302,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             seq: Some(seq.clamp(1, DEFAULT_MAX_SEQ)),
             dtype,
             // transformers 5 runs attention through `scaled_dot_product_attention` by default.
-            attention: Some(crate::vocab::AttentionImpl::Flash),
+            attention: Some(AttentionImpl::Flash),
             ..Default::default()
         },
         layers,
