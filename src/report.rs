@@ -6,8 +6,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
-use crate::cost::Amp;
-pub use crate::cost::BytesPerParam;
+pub use crate::cost::{BytesPerParam, RecipeReport};
 use crate::dtype::DType;
 use crate::settings::Settings;
 use crate::shape::Shape;
@@ -177,31 +176,6 @@ impl Warning {
     }
 }
 
-/// The precision recipe: the dtypes it fixes and its bytes per parameter.
-#[derive(Clone, Debug, Serialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
-pub struct RecipeReport {
-    /// `fp32`, `bf16`, `fp16`, `amp-bf16`, `amp-fp16`, `mixed-bf16`, `mixed-fp16`,
-    /// `mixed-bf16-fp32-grads`, or `pure-<dtype>`.
-    pub name: String,
-    /// Whether `--recipe` named it (else it follows from `--dtype` and `--amp`).
-    pub explicit: bool,
-    /// dtype of the parameters.
-    pub weights_dtype: DType,
-    /// dtype of the parameters' gradients (null in inference).
-    pub gradients_dtype: Option<DType>,
-    /// dtype of the master weights, when there are some (null in inference).
-    pub master_weights_dtype: Option<DType>,
-    /// dtype of the optimizer's per-element state (null without state).
-    pub optimizer_state_dtype: Option<DType>,
-    /// The autocast dtype, when autocast runs.
-    pub autocast_dtype: Option<DType>,
-    /// dtype activations are computed in outside autocast regions.
-    pub activations_dtype: DType,
-    /// Bytes per trainable parameter (frozen ones take `weights` only).
-    pub bytes_per_param: BytesPerParam,
-}
-
 /// The schema of a report as JSON Schema (draft 2020-12): what `--format json` prints, published
 /// as `schema/report.schema.json`.
 #[must_use]
@@ -242,33 +216,6 @@ impl JsonSchema for Shape {
             "type": "array",
             "items": {"type": "integer", "format": "uint64", "minimum": 0}
         })
-    }
-}
-
-impl RecipeReport {
-    /// The settings' recipe as the step uses it: gradients, master weights and optimizer state
-    /// only in training; the bytes per parameter from [`BytesPerParam::new`].
-    fn new(settings: &Settings, state_bytes: u64, trainable_params: u64) -> RecipeReport {
-        let r = &settings.recipe;
-        let training = settings.training();
-        let optimizer = settings.optimizer.filter(|_| training);
-        RecipeReport {
-            name: r.name.clone(),
-            explicit: r.explicit,
-            weights_dtype: r.weights,
-            gradients_dtype: training.then_some(r.gradients),
-            master_weights_dtype: r.master_weights.filter(|_| training),
-            optimizer_state_dtype: optimizer.and_then(|o| o.state_dtype(r.optimizer_dtype())),
-            autocast_dtype: r.autocast.map(Amp::dtype),
-            activations_dtype: r.activations(),
-            bytes_per_param: BytesPerParam::new(
-                r,
-                optimizer,
-                training,
-                state_bytes,
-                trainable_params,
-            ),
-        }
     }
 }
 
@@ -400,7 +347,13 @@ impl Report {
         Report {
             model: model.to_string(),
             settings: settings.clone(),
-            recipe: RecipeReport::new(settings, sim.optimizer_state_bytes, trainable_param_count),
+            recipe: RecipeReport::new(
+                &settings.recipe,
+                settings.optimizer,
+                settings.training(),
+                sim.optimizer_state_bytes,
+                trainable_param_count,
+            ),
             input_shape: tape.input_shape.clone(),
             param_count: tape.params.iter().map(|p| p.numel).sum(),
             trainable_param_count,

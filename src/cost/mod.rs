@@ -4,7 +4,7 @@
 //! - [`optim`]: optimizer state, step temporaries ([`OptimizerImpl`]: `foreach`, for-loop,
 //!   fused) and nominal state bytes per parameter.
 //! - [`plan`]: the [`OptimizerPlan`] of one step under a recipe (master weights, float32
-//!   gradient copies) and the recipe's [`BytesPerParam`].
+//!   gradient copies), and the recipe as reported ([`RecipeReport`], [`BytesPerParam`]).
 //! - [`recipe`]: precision recipes ([`RecipeName`], [`Recipe`], [`Amp`]) and the bytes per
 //!   parameter they imply.
 //! - [`quant`]: quantized-weight layouts ([`Quant`]).
@@ -19,7 +19,7 @@ pub mod quant;
 pub mod recipe;
 
 pub use optim::{Optimizer, OptimizerImpl};
-pub use plan::{BytesPerParam, OptimizerPlan};
+pub use plan::{BytesPerParam, OptimizerPlan, RecipeReport};
 pub use quant::Quant;
 pub use recipe::{Amp, Recipe, RecipeName};
 

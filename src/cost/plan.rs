@@ -1,5 +1,6 @@
 //! One optimizer step under a precision recipe: what it keeps and allocates
-//! ([`OptimizerPlan`]), and the bytes per parameter the recipe implies ([`BytesPerParam`]).
+//! ([`OptimizerPlan`]), and the recipe as the report shows it ([`RecipeReport`], with the bytes
+//! per parameter it implies, [`BytesPerParam`]).
 
 use serde::Serialize;
 
@@ -7,6 +8,64 @@ use super::TensorInfo;
 use super::optim::{Optimizer, OptimizerImpl};
 use super::recipe::Recipe;
 use crate::dtype::DType;
+
+/// The precision recipe: the dtypes it fixes and its bytes per parameter.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct RecipeReport {
+    /// `fp32`, `bf16`, `fp16`, `amp-bf16`, `amp-fp16`, `mixed-bf16`, `mixed-fp16`,
+    /// `mixed-bf16-fp32-grads`, or `pure-<dtype>`.
+    pub name: String,
+    /// Whether `--recipe` named it (else it follows from `--dtype` and `--amp`).
+    pub explicit: bool,
+    /// dtype of the parameters.
+    pub weights_dtype: DType,
+    /// dtype of the parameters' gradients (null in inference).
+    pub gradients_dtype: Option<DType>,
+    /// dtype of the master weights, when there are some (null in inference).
+    pub master_weights_dtype: Option<DType>,
+    /// dtype of the optimizer's per-element state (null without state).
+    pub optimizer_state_dtype: Option<DType>,
+    /// The autocast dtype, when autocast runs.
+    pub autocast_dtype: Option<DType>,
+    /// dtype activations are computed in outside autocast regions.
+    pub activations_dtype: DType,
+    /// Bytes per trainable parameter (frozen ones take `weights` only).
+    pub bytes_per_param: BytesPerParam,
+}
+
+impl RecipeReport {
+    /// `recipe` as a step uses it: gradients, master weights and optimizer state only when
+    /// `training`; `optimizer` counts only then. `state_bytes` over `trainable_params` is the
+    /// average [`BytesPerParam::new`] shows for Adafactor.
+    #[must_use]
+    pub fn new(
+        recipe: &Recipe,
+        optimizer: Option<Optimizer>,
+        training: bool,
+        state_bytes: u64,
+        trainable_params: u64,
+    ) -> RecipeReport {
+        let optimizer = optimizer.filter(|_| training);
+        RecipeReport {
+            name: recipe.name.clone(),
+            explicit: recipe.explicit,
+            weights_dtype: recipe.weights,
+            gradients_dtype: training.then_some(recipe.gradients),
+            master_weights_dtype: recipe.master_weights.filter(|_| training),
+            optimizer_state_dtype: optimizer.and_then(|o| o.state_dtype(recipe.optimizer_dtype())),
+            autocast_dtype: recipe.autocast.map(super::Amp::dtype),
+            activations_dtype: recipe.activations(),
+            bytes_per_param: BytesPerParam::new(
+                recipe,
+                optimizer,
+                training,
+                state_bytes,
+                trainable_params,
+            ),
+        }
+    }
+}
 
 /// Bytes per parameter a recipe implies. Optimizer state leaves out per-tensor step counters;
 /// for Adafactor, whose factored state depends on the shapes, it is this model's average.
