@@ -90,21 +90,11 @@ impl Tracer<'_> {
             let proj = self.projection(xt, h, 3 * h, c.bias, train, "qkv")?;
             let pv = self.val(proj).clone();
             let packed = self.fresh(pv.shape.clone(), pv.dtype, "packed qkv", pv.requires_grad)?;
-            self.push(Step {
-                op: AtenOp::Clone,
-                inputs: vec![proj],
-                outputs: vec![packed],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::Clone, vec![proj], vec![packed]))?;
             let q = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
             let k = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
             let v = self.view_of(packed, Shape::from([b, c.heads, s, hd]), Layout::SeqFirst);
-            self.push(Step {
-                op: AtenOp::Unbind,
-                inputs: vec![packed],
-                outputs: vec![q, k, v],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::Unbind, vec![packed], vec![q, k, v]))?;
             (q, k, v)
         } else if c.fused_qkv && !cross {
             let width = checked(
@@ -124,12 +114,7 @@ impl Tracer<'_> {
                 Layout::HeadsStrided,
             );
             // split's backward concatenates the three gradients into one of the full width.
-            self.push(Step {
-                op: AtenOp::Split,
-                inputs: vec![qkv],
-                outputs: vec![q, k, v],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::Split, vec![qkv], vec![q, k, v]))?;
             (q, k, v)
         } else {
             let mut heads = Vec::new();
@@ -221,21 +206,13 @@ impl Tracer<'_> {
                         tv.requires_grad,
                         false,
                     );
-                    self.push(Step {
-                        op: AtenOp::Cat,
-                        inputs: vec![t],
-                        outputs: vec![cv],
-                        ..self.blank()
-                    });
+                    self.call(Call::new(AtenOp::Cat, vec![t], vec![cv]))?;
                     cv
                 } else {
                     // A windowed or re-typed cache is written; attention reads this pass's K/V.
-                    self.push(Step {
-                        op: AtenOp::CacheUpdate,
-                        inputs: vec![t],
-                        allocs: vec![cache],
-                        ..self.blank()
-                    });
+                    self.call(
+                        Call::new(AtenOp::CacheUpdate, vec![t], Vec::new()).allocs(vec![cache]),
+                    )?;
                     t
                 };
                 copies.push(cv);
@@ -271,12 +248,7 @@ impl Tracer<'_> {
             self.view_op(ctx, merged_shape, Layout::Contiguous, AtenOp::View, true)
         } else {
             let m = self.fresh(merged_shape, cv.dtype, "merged heads", cv.requires_grad)?;
-            self.push(Step {
-                op: AtenOp::Clone,
-                inputs: vec![ctx],
-                outputs: vec![m],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::Clone, vec![ctx], vec![m]))?;
             m
         };
         let y = self.projection(merged, qd, h, c.out_bias, train, "o")?;
@@ -339,14 +311,8 @@ impl Tracer<'_> {
             tv.requires_grad,
             false,
         );
-        self.push(Step {
-            op: AtenOp::ApplyRotary,
-            inputs: vec![t],
-            outputs: vec![y],
-            allocs,
-            saves: vec![cos, sin],
-            ..self.blank()
-        });
+        let call = Call::new(AtenOp::ApplyRotary, vec![t], vec![y]);
+        self.call(call.aux(vec![cos, sin]).allocs(allocs))?;
         Ok(y)
     }
 
@@ -392,21 +358,11 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "logsumexp",
         )?;
-        let mut saves = vec![qv.storage, self.sid(k), self.sid(v), out_s, lse];
         let mut inputs = vec![q, k, v];
-        if let Some(bias) = bias {
-            // A float attention mask is kept too.
-            saves.push(self.sid(bias));
-            inputs.push(bias);
-        }
-        self.push(Step {
-            op: AtenOp::FlashAttention,
-            inputs,
-            outputs: vec![out],
-            allocs: vec![lse],
-            saves,
-            ..self.blank()
-        });
+        // A float attention mask is kept too.
+        inputs.extend(bias);
+        let call = Call::new(AtenOp::FlashAttention, inputs, vec![out]);
+        self.call(call.aux(vec![lse]).allocs(vec![lse]))?;
         Ok(out)
     }
 
@@ -437,10 +393,10 @@ impl Tracer<'_> {
         let qm = self.contiguous(q)?;
         let km = self.contiguous(k)?;
         let scores = self.bmm(qm, km, Shape::from([b, heads, s, s_kv]), qv.dtype, "scores")?;
-        let scaled = self.unary(scores, AtenOp::MulScalar, Keep::Nothing, false)?;
+        let scaled = self.unary(scores, AtenOp::MulScalar)?;
         let masked = match bias {
             Some(bias) => self.add(&[scaled, bias], false)?,
-            None if c.causal => self.unary(scaled, AtenOp::AddScalar, Keep::Nothing, false)?,
+            None if c.causal => self.unary(scaled, AtenOp::AddScalar)?,
             None => scaled,
         };
         // Llama-family code runs the softmax in float32 and casts the result back; CUDA
@@ -448,14 +404,14 @@ impl Tracer<'_> {
         let probs = if c.softmax_f32 || self.autocast_f32_norms() {
             let back = self.val(masked).dtype;
             let up = self.upcast_f32(masked)?;
-            let p = self.unary(up, AtenOp::Softmax, Keep::Output, false)?;
+            let p = self.unary(up, AtenOp::Softmax)?;
             if c.softmax_f32 {
                 self.cast(p, back)?
             } else {
                 p
             }
         } else {
-            self.unary(masked, AtenOp::Softmax, Keep::Output, false)?
+            self.unary(masked, AtenOp::Softmax)?
         };
         let probs = self.dropout(probs, c.dropout, false)?;
         // Under autocast the second matmul reads (and keeps) a 16-bit copy of float32 weights
@@ -482,14 +438,7 @@ impl Tracer<'_> {
     ) -> Result<ValueId, Error> {
         let rg = self.rg(a) || self.rg(b);
         let y = self.fresh(out_shape, dtype, what, rg)?;
-        let saves = vec![self.sid(a), self.sid(b)];
-        self.push(Step {
-            op: AtenOp::Bmm,
-            inputs: vec![a, b],
-            outputs: vec![y],
-            saves,
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Bmm, vec![a, b], vec![y]))?;
         Ok(y)
     }
 
@@ -505,12 +454,7 @@ impl Tracer<'_> {
             "repeated kv",
             tv.requires_grad,
         )?;
-        self.push(Step {
-            op: AtenOp::RepeatKv,
-            inputs: vec![t],
-            outputs: vec![y],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::RepeatKv, vec![t], vec![y]))?;
         Ok(y)
     }
 }

@@ -66,7 +66,15 @@ impl Tracer<'_> {
         let SaveRule { always, each_other } = c.op.saves();
         let mut allocs = c.allocs;
         let mut saves = Vec::new();
+        // Outside training, or when nothing it reads requires a gradient, autograd records no
+        // node and saves nothing ([`Tracer::push`]); an auxiliary tensor made only for backward
+        // (a norm's statistics) may then be absent. The clone of an in-place operator is still
+        // allocated then, as memest always has (PyTorch makes none under `no_grad`).
+        let records = self.records(&c.inputs);
         for saved in always {
+            if !records && !matches!(saved, Saved::InputClone(_)) {
+                continue;
+            }
             match *saved {
                 Saved::Input(i) => saves.push(self.sid(c.inputs[i])),
                 Saved::OptionalInput(i) => saves.extend(c.inputs.get(i).map(|&v| self.sid(v))),
@@ -81,7 +89,7 @@ impl Tracer<'_> {
                 }
             }
         }
-        if each_other {
+        if each_other && records {
             let (a, b) = (c.inputs[0], c.inputs[1]);
             if self.rg(b) {
                 saves.push(self.sid(a));
@@ -105,7 +113,7 @@ impl Tracer<'_> {
     /// Records a step. Outside training, or when nothing it reads requires a gradient, autograd
     /// records no node: nothing is saved and no gradient flows.
     pub(super) fn push(&mut self, mut step: Step) {
-        let records = self.training() && step.inputs.iter().any(|&v| self.rg(v));
+        let records = self.records(&step.inputs);
         if records {
             step.grads = step
                 .inputs
@@ -131,5 +139,11 @@ impl Tracer<'_> {
         step.saves.sort_unstable();
         step.saves.dedup();
         self.tape.steps.push(step);
+    }
+
+    /// Whether autograd records an operator reading `inputs`: in training, when one of them
+    /// requires a gradient.
+    fn records(&self, inputs: &[ValueId]) -> bool {
+        self.training() && inputs.iter().any(|&v| self.rg(v))
     }
 }

@@ -4,8 +4,6 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-use super::aten::{SaveRule, Saved};
-
 impl Tracer<'_> {
     /// `F.linear` (addmm / mm): saves the input when the weight needs a gradient and the weight
     /// when the input needs one (`derivatives.yaml` `addmm`, `mm`). An input of rank > 2 is
@@ -104,7 +102,7 @@ impl Tracer<'_> {
 
     /// A one-input operator: in place (`relu_`, a view of its input) or into a new tensor;
     /// what it keeps follows from `op`'s row of the table.
-    pub(super) fn unary_op(&mut self, x: ValueId, op: AtenOp) -> Result<ValueId, Error> {
+    pub(super) fn unary(&mut self, x: ValueId, op: AtenOp) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let y = if op.is_inplace() {
             self.view_of(x, xv.shape.clone(), Layout::Contiguous)
@@ -113,20 +111,6 @@ impl Tracer<'_> {
         };
         self.call(Call::new(op, vec![x], vec![y]))?;
         Ok(y)
-    }
-
-    /// [`Tracer::unary_op`] for call sites that still state what the operator keeps: `keep` must
-    /// agree with the table (checked in debug builds).
-    pub(super) fn unary(
-        &mut self,
-        x: ValueId,
-        op: AtenOp,
-        keep: Keep,
-        inplace: bool,
-    ) -> Result<ValueId, Error> {
-        debug_assert_eq!(op.is_inplace(), inplace, "{op:?}");
-        debug_assert_eq!(op.saves(), keep.rule(), "{op:?}");
-        self.unary_op(x, op)
     }
 
     /// An activation module: its ATen operator (in place with `inplace = true`), or for
@@ -156,17 +140,17 @@ impl Tracer<'_> {
             Activation::Sigmoid => AtenOp::Sigmoid,
             Activation::GeluNew => {
                 // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), op by op.
-                let cube = self.unary_op(x, AtenOp::Pow)?;
-                let scaled = self.unary_op(cube, AtenOp::MulScalar)?;
+                let cube = self.unary(x, AtenOp::Pow)?;
+                let scaled = self.unary(cube, AtenOp::MulScalar)?;
                 let inner = self.add(&[x, scaled], false)?;
-                let arg = self.unary_op(inner, AtenOp::MulScalar)?;
-                let t = self.unary_op(arg, AtenOp::Tanh)?;
-                let one_plus = self.unary_op(t, AtenOp::AddScalar)?;
-                let half = self.unary_op(x, AtenOp::MulScalar)?;
+                let arg = self.unary(inner, AtenOp::MulScalar)?;
+                let t = self.unary(arg, AtenOp::Tanh)?;
+                let one_plus = self.unary(t, AtenOp::AddScalar)?;
+                let half = self.unary(x, AtenOp::MulScalar)?;
                 return self.mul(half, one_plus);
             }
         };
-        self.unary_op(x, op)
+        self.unary(x, op)
     }
 
     /// Elementwise product: each factor is kept for the other's gradient
@@ -273,7 +257,7 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         let h = self.upcast_f32(x)?;
         let hv = self.val(h).clone();
-        let sq = self.unary_op(h, AtenOp::Pow)?;
+        let sq = self.unary(h, AtenOp::Pow)?;
         let var = self.fresh(
             xv.shape.with_last(1),
             hv.dtype,
@@ -281,8 +265,8 @@ impl Tracer<'_> {
             hv.requires_grad,
         )?;
         self.call(Call::new(AtenOp::Mean, vec![sq], vec![var]))?;
-        let var_eps = self.unary_op(var, AtenOp::AddScalar)?;
-        let r = self.unary_op(var_eps, AtenOp::Rsqrt)?;
+        let var_eps = self.unary(var, AtenOp::AddScalar)?;
+        let r = self.unary(var_eps, AtenOp::Rsqrt)?;
         match style {
             RmsStyle::Llama => {
                 let normed = self.mul(h, r)?;
@@ -307,7 +291,7 @@ impl Tracer<'_> {
             RmsStyle::Gemma => {
                 let normed = self.mul(h, r)?;
                 let wf = self.upcast_f32(w)?;
-                let one_plus = self.unary_op(wf, AtenOp::AddScalar)?;
+                let one_plus = self.unary(wf, AtenOp::AddScalar)?;
                 let out = self.mul(normed, one_plus)?;
                 self.cast(out, xv.dtype)
             }
@@ -391,28 +375,5 @@ impl Tracer<'_> {
         )?;
         self.tape.held.push(self.sid(loss));
         Ok(loss)
-    }
-}
-
-/// What a one-input operator keeps for its backward, as call sites not yet on
-/// [`Tracer::unary_op`] state it; it must agree with the table ([`AtenOp::saves`]).
-#[derive(Clone, Copy)]
-pub(super) enum Keep {
-    /// Nothing (only sizes or Python scalars).
-    Nothing,
-    /// Its input (`gelu`, `silu`, `pow`).
-    Input,
-    /// Its output (`relu`, `tanh`, `sigmoid`, `softmax`).
-    Output,
-}
-
-impl Keep {
-    /// The save rule this states.
-    fn rule(self) -> SaveRule {
-        match self {
-            Keep::Nothing => SaveRule::NOTHING,
-            Keep::Input => SaveRule::always(&[Saved::Input(0)]),
-            Keep::Output => SaveRule::always(&[Saved::Output(0)]),
-        }
     }
 }

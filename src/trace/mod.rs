@@ -22,7 +22,6 @@ pub mod tape;
 use std::collections::HashMap;
 
 use call::Call;
-use elementwise::Keep;
 
 pub use aten::AtenOp;
 pub use tape::{

@@ -22,7 +22,7 @@ impl Tracer<'_> {
         // Router.
         let logits = self.projection(x, h, c.experts, false, train, "gate")?;
         let lf = self.upcast_f32(logits)?;
-        let probs = self.unary(lf, AtenOp::Softmax, Keep::Output, false)?;
+        let probs = self.unary(lf, AtenOp::Softmax)?;
         let rg = self.rg(probs);
         let topv = self.fresh(
             Shape::from([t, c.top_k]),
@@ -36,14 +36,8 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "top-k indices",
         )?;
-        self.push(Step {
-            op: AtenOp::Topk,
-            inputs: vec![probs],
-            outputs: vec![topv],
-            allocs: vec![idx],
-            saves: vec![idx],
-            ..self.blank()
-        });
+        let call = Call::new(AtenOp::Topk, vec![probs], vec![topv]);
+        self.call(call.aux(vec![idx]).allocs(vec![idx]))?;
         let weights = if c.normalize_topk {
             let sum = self.storage(
                 &Shape::from([t, 1]),
@@ -58,14 +52,8 @@ impl Tracer<'_> {
                 "top-k weights clone",
             )?;
             let y = self.view_of(topv, Shape::from([t, c.top_k]), Layout::Contiguous);
-            self.push(Step {
-                op: AtenOp::DivInplace,
-                inputs: vec![topv],
-                outputs: vec![y],
-                allocs: vec![sum, clone],
-                saves: vec![sum, clone],
-                ..self.blank()
-            });
+            let call = Call::new(AtenOp::DivInplace, vec![topv], vec![y]);
+            self.call(call.aux(vec![sum, clone]).allocs(vec![sum, clone]))?;
             y
         } else {
             topv
@@ -79,12 +67,7 @@ impl Tracer<'_> {
                 "routing weights",
                 self.rg(weights),
             )?;
-            self.push(Step {
-                op: AtenOp::ToCopy,
-                inputs: vec![weights],
-                outputs: vec![y],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::ToCopy, vec![weights], vec![y]))?;
             y
         };
         // Dispatch: sort rows by expert, gather them.
@@ -104,26 +87,17 @@ impl Tracer<'_> {
             "expert offsets",
         )?;
         let gathered = self.fresh(Shape::from([tk, h]), a, "gathered tokens", xv.requires_grad)?;
-        self.push(Step {
-            op: AtenOp::Index,
-            inputs: vec![x],
-            outputs: vec![gathered],
-            allocs: vec![index[0], index[1], index[2], offsets],
-            saves: vec![index[0], index[1], index[2], offsets],
-            ..self.blank()
-        });
+        let dispatch = vec![index[0], index[1], index[2], offsets];
+        let call = Call::new(AtenOp::MoeDispatch, vec![x], vec![gathered]);
+        self.call(call.aux(dispatch.clone()).allocs(dispatch))?;
         let ws = self.fresh(
             Shape::from([tk, 1]),
             a,
             "sorted routing weights",
             self.rg(w_act),
         )?;
-        self.push(Step {
-            op: AtenOp::Index,
-            inputs: vec![w_act],
-            outputs: vec![ws],
-            ..self.blank()
-        });
+        // `index` keeps its indices: the permutation, kept by the dispatch already.
+        self.call(Call::new(AtenOp::Index, vec![w_act], vec![ws]).aux(vec![index[1]]))?;
         // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
         let w_gu = self.weight(
             Shape::from([c.experts, 2 * c.intermediate_size, h]),
@@ -143,32 +117,17 @@ impl Tracer<'_> {
         )?;
         let gate = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
         let up = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
-        self.push(Step {
-            op: AtenOp::Chunk,
-            inputs: vec![gu],
-            outputs: vec![gate, up],
-            ..self.blank()
-        });
-        let act = self.unary(gate, AtenOp::Silu, Keep::Input, false)?;
+        self.call(Call::new(AtenOp::Chunk, vec![gu], vec![gate, up]))?;
+        let act = self.unary(gate, AtenOp::Silu)?;
         let prod = self.mul(act, up)?;
         let down = self.grouped_mm(prod, w_down, Shape::from([tk, h]), offsets)?;
         let weighted = self.mul(down, ws)?;
         let scattered = self.fresh(Shape::from([tk, h]), a, "unsorted rows", self.rg(weighted))?;
-        self.push(Step {
-            op: AtenOp::Index,
-            inputs: vec![weighted],
-            outputs: vec![scattered],
-            saves: vec![index[2]],
-            ..self.blank()
-        });
+        let call = Call::new(AtenOp::Index, vec![weighted], vec![scattered]);
+        self.call(call.aux(vec![index[2]]))?;
         let rg = self.rg(scattered);
         let out = self.fresh(xv.shape.clone(), a, "output", rg)?;
-        self.push(Step {
-            op: AtenOp::Sum,
-            inputs: vec![scattered],
-            outputs: vec![out],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Sum, vec![scattered], vec![out]))?;
         if c.shared_intermediate_size == 0 {
             return Ok(out);
         }
@@ -181,7 +140,7 @@ impl Tracer<'_> {
             train,
             "shared_expert.gate_proj",
         )?;
-        let g = self.unary(g, AtenOp::Silu, Keep::Input, false)?;
+        let g = self.unary(g, AtenOp::Silu)?;
         let u = self.projection(
             x,
             h,
@@ -201,7 +160,7 @@ impl Tracer<'_> {
         )?;
         if c.shared_gate {
             let sg = self.projection(x, h, 1, false, train, "shared_expert_gate")?;
-            let sg = self.unary(sg, AtenOp::Sigmoid, Keep::Output, false)?;
+            let sg = self.unary(sg, AtenOp::Sigmoid)?;
             shared = self.mul(sg, shared)?;
         }
         self.add(&[out, shared], false)

@@ -119,7 +119,7 @@ impl Tracer<'_> {
         let xc = self.cast(x, adt)?;
         let xa = self.linear(xc, a, None, rank)?;
         let xb = self.linear(xa, b, None, out_f)?;
-        let scaled = self.unary(xb, AtenOp::MulScalar, Keep::Nothing, false)?;
+        let scaled = self.unary(xb, AtenOp::MulScalar)?;
         let sum = self.add(&[y, scaled], false)?;
         let ydt = self.val(y).dtype;
         self.cast(sum, ydt)
@@ -132,12 +132,7 @@ impl Tracer<'_> {
             return Ok(x);
         }
         let y = self.fresh(xv.shape.clone(), dtype, "cast", xv.requires_grad)?;
-        self.push(Step {
-            op: AtenOp::ToCopy,
-            inputs: vec![x],
-            outputs: vec![y],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::ToCopy, vec![x], vec![y]))?;
         Ok(y)
     }
 

@@ -97,8 +97,6 @@ impl Tracer<'_> {
         let dtype = self.val(xc).dtype;
         let rg = self.rg(xc) || self.rg(wc);
         let y = self.fresh(out, dtype, "output", rg)?;
-        // derivatives.yaml `convolution`: saves input and weight.
-        let saves = vec![self.sid(xc), self.sid(wc)];
         let mut ins = vec![xc, wc];
         ins.extend(bc);
         // The CPU kernels (oneDNN) reorder the input into a blocked layout: a transient copy of
@@ -111,14 +109,7 @@ impl Tracer<'_> {
             let xs = self.val(xc).shape.clone();
             allocs.push(self.storage(&xs, dtype, StorageKind::Activation, "reordered input")?);
         }
-        self.push(Step {
-            allocs,
-            op: AtenOp::Convolution,
-            inputs: ins,
-            outputs: vec![y],
-            saves,
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Convolution, ins, vec![y]).allocs(allocs))?;
         Ok(y)
     }
 }

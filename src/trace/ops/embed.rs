@@ -49,13 +49,7 @@ impl Tracer<'_> {
         let dtype = self.param_dtype();
         let rg = self.rg(w);
         let y = self.fresh(embedding_shape(c, &xv.shape), dtype, "output", rg)?;
-        self.push(Step {
-            op: AtenOp::Embedding,
-            inputs: vec![w, x],
-            outputs: vec![y],
-            saves: vec![xv.storage],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Embedding, vec![w, x], vec![y]))?;
         Ok(y)
     }
 
@@ -156,11 +150,7 @@ impl Tracer<'_> {
         };
         let cos = self.storage(&table, dt, StorageKind::Activation, "rope cos")?;
         let sin = self.storage(&table, dt, StorageKind::Activation, "rope sin")?;
-        self.push(Step {
-            op: AtenOp::RotaryTables,
-            allocs: vec![cos, sin],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::RotaryTables, Vec::new(), Vec::new()).allocs(vec![cos, sin]))?;
         self.tape.held.extend([cos, sin]);
         self.rope = Some(Rope {
             cos,
@@ -196,11 +186,11 @@ impl Tracer<'_> {
             false,
             false,
         );
-        self.push(Step {
-            op: AtenOp::RelativePositionBucket,
-            outputs: vec![ids],
-            ..self.blank()
-        });
+        self.call(Call::new(
+            AtenOp::RelativePositionBucket,
+            Vec::new(),
+            vec![ids],
+        ))?;
         let rg = self.rg(w);
         let bias = self.fresh(
             Shape::from([1, c.heads, s, s]),
@@ -208,13 +198,7 @@ impl Tracer<'_> {
             "position bias",
             rg,
         )?;
-        self.push(Step {
-            op: AtenOp::Embedding,
-            inputs: vec![w, ids],
-            outputs: vec![bias],
-            saves: vec![buckets],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Embedding, vec![w, ids], vec![bias]))?;
         self.position_bias = Some(bias);
         Ok(x)
     }
@@ -238,14 +222,7 @@ impl Tracer<'_> {
         } else {
             Vec::new()
         };
-        self.push(Step {
-            op: AtenOp::Embedding,
-            inputs: vec![w, ids_v],
-            outputs: vec![looked_up],
-            allocs,
-            saves: vec![ids],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Embedding, vec![w, ids_v], vec![looked_up]).allocs(allocs))?;
         self.add(&[x, looked_up], false)
     }
 }

@@ -100,7 +100,7 @@ impl Tracer<'_> {
             Op::Moe(c) => self.moe(x, c, train),
             Op::StochasticDepth(c) => self.stochastic_depth(c, x),
             Op::ShiftRight => self.shift_right(x),
-            Op::Scale(_) => self.unary(x, AtenOp::MulScalar, Keep::Nothing, false),
+            Op::Scale(_) => self.unary(x, AtenOp::MulScalar),
             Op::CrossEntropy(c) => self.cross_entropy(x, c.shift, c.upcast),
         }
     }

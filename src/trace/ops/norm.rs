@@ -68,15 +68,10 @@ impl Tracer<'_> {
         }
         let rg = ins.iter().any(|&v| self.rg(v));
         let y = self.fresh(shape, xv.dtype, "output", rg)?;
-        let mut step = Step {
-            op: AtenOp::NativeBatchNorm,
-            inputs: ins,
-            outputs: vec![y],
-            ..self.blank()
-        };
+        let mut stats = Vec::new();
         if self.training() {
-            // derivatives.yaml `native_batch_norm`: input, weight, running stats, save_mean and
-            // save_invstd ([C], in the statistics dtype).
+            // `native_batch_norm` returns save_mean and save_invstd ([C], in the statistics
+            // dtype) for its backward.
             let sdt = stats_dtype(xv.dtype);
             let mean = self.storage(
                 &Shape::from([ch]),
@@ -90,10 +85,10 @@ impl Tracer<'_> {
                 StorageKind::Activation,
                 "save_invstd",
             )?;
-            step.allocs.extend([mean, invstd]);
-            step.saves = vec![xv.storage, mean, invstd];
+            stats = vec![mean, invstd];
         }
-        self.push(step);
+        let call = Call::new(AtenOp::NativeBatchNorm, ins, vec![y]);
+        self.call(call.aux(stats.clone()).allocs(stats))?;
         Ok(y)
     }
 
@@ -185,15 +180,9 @@ impl Tracer<'_> {
         let sdt = stats_dtype(xd);
         let mean = self.storage(&stats, sdt, StorageKind::Activation, "mean")?;
         let rstd = self.storage(&stats, sdt, StorageKind::Activation, "rstd")?;
-        let saves = vec![self.sid(xin), mean, rstd];
-        self.push(Step {
-            op,
-            inputs: ins,
-            outputs: vec![y],
-            allocs: vec![mean, rstd],
-            saves,
-            ..self.blank()
-        });
+        debug_assert_eq!(ins[0], xin);
+        let call = Call::new(op, ins, vec![y]);
+        self.call(call.aux(vec![mean, rstd]).allocs(vec![mean, rstd]))?;
         Ok(y)
     }
 }

@@ -59,13 +59,7 @@ impl Tracer<'_> {
                 let expanded = self.shaped(parameter_shape(c, &xv.shape))?;
                 let ev = self.view_of(p, expanded, Layout::Strided);
                 self.tape.values[ev].param = false;
-                self.push(Step {
-                    op: AtenOp::Expand,
-                    inputs: vec![p],
-                    outputs: vec![ev],
-                    view_grad: true,
-                    ..self.blank()
-                });
+                self.call(Call::new(AtenOp::Expand, vec![p], vec![ev]).view_grad())?;
                 self.concat(&[ev, x], a)
             }
         }
@@ -86,14 +80,7 @@ impl Tracer<'_> {
             "output",
             self.rg(xin),
         )?;
-        let saves = vec![self.sid(y)];
-        self.push(Step {
-            op: AtenOp::Softmax,
-            inputs: vec![xin],
-            outputs: vec![y],
-            saves,
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::Softmax, vec![xin], vec![y]))?;
         Ok(y)
     }
 
@@ -121,21 +108,24 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         let mut dims = vec![1; xv.shape.rank()];
         dims[0] = xv.shape.dims()[0];
+        let noise_shape = Shape::new(dims);
         let noise = self.storage(
-            &Shape::new(dims),
+            &noise_shape,
             xv.dtype,
             StorageKind::Activation,
             "stochastic depth noise",
         )?;
+        let noise_v = self.value(
+            noise,
+            noise_shape,
+            xv.dtype,
+            Layout::Contiguous,
+            false,
+            false,
+        );
         let y = self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?;
-        self.push(Step {
-            op: AtenOp::Mul,
-            inputs: vec![x],
-            outputs: vec![y],
-            allocs: vec![noise],
-            saves: vec![noise],
-            ..self.blank()
-        });
+        let call = Call::new(AtenOp::Mul, vec![x, noise_v], vec![y]);
+        self.call(call.allocs(vec![noise]))?;
         Ok(y)
     }
 
@@ -149,12 +139,7 @@ impl Tracer<'_> {
             )));
         }
         let y = self.fresh(xv.shape.clone(), xv.dtype, "shifted ids", false)?;
-        self.push(Step {
-            op: AtenOp::ShiftRight,
-            inputs: vec![x],
-            outputs: vec![y],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::ShiftRight, vec![x], vec![y]))?;
         Ok(y)
     }
 }

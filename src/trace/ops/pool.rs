@@ -33,22 +33,15 @@ pub(super) fn avg_pool_shape(c: &AvgPool2dCfg, x: &Shape) -> Result<Shape, Shape
 }
 
 impl Tracer<'_> {
-    /// derivatives.yaml `max_pool2d_with_indices`: saves input and the int64 indices.
+    /// `max_pool2d_with_indices`: keeps its input and the int64 indices.
     pub(super) fn max_pool2d(&mut self, c: &MaxPool2dCfg, x: ValueId) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         self.nchw(&xv)?;
         let shape = self.shaped(max_pool_shape(c, &xv.shape))?;
         let y = self.fresh(shape.clone(), xv.dtype, "output", xv.requires_grad)?;
-        let mut step = Step {
-            op: AtenOp::MaxPool2dWithIndices,
-            inputs: vec![x],
-            outputs: vec![y],
-            ..self.blank()
-        };
         let idx = self.storage(&shape, DType::Int64, StorageKind::Activation, "indices")?;
-        step.allocs.push(idx);
-        step.saves = vec![xv.storage, idx];
-        self.push(step);
+        let call = Call::new(AtenOp::MaxPool2dWithIndices, vec![x], vec![y]);
+        self.call(call.aux(vec![idx]).allocs(vec![idx]))?;
         Ok(y)
     }
 
@@ -58,13 +51,7 @@ impl Tracer<'_> {
         self.nchw(&xv)?;
         let shape = self.shaped(avg_pool_shape(c, &xv.shape))?;
         let y = self.fresh(shape, xv.dtype, "output", xv.requires_grad)?;
-        self.push(Step {
-            op: AtenOp::AvgPool2d,
-            inputs: vec![x],
-            outputs: vec![y],
-            saves: vec![xv.storage],
-            ..self.blank()
-        });
+        self.call(Call::new(AtenOp::AvgPool2d, vec![x], vec![y]))?;
         Ok(y)
     }
 
@@ -85,20 +72,9 @@ impl Tracer<'_> {
         if c.output == Pair(1, 1) {
             // ATen's adaptive_avg_pool2d runs `mean(-1, -2, keepdim)` for a 1×1 output, whose
             // backward needs only sizes.
-            self.push(Step {
-                op: AtenOp::Mean,
-                inputs: vec![x],
-                outputs: vec![y],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::Mean, vec![x], vec![y]))?;
         } else {
-            self.push(Step {
-                op: AtenOp::AdaptiveAvgPool2d,
-                inputs: vec![x],
-                outputs: vec![y],
-                saves: vec![xv.storage],
-                ..self.blank()
-            });
+            self.call(Call::new(AtenOp::AdaptiveAvgPool2d, vec![x], vec![y]))?;
         }
         Ok(y)
     }

@@ -133,6 +133,9 @@ pub enum AtenOp {
     AdaptiveAvgPool2d,
     /// `_scaled_dot_product_flash_attention(query, key, value, …)` (and its `_for_cpu` form).
     FlashAttention,
+    /// Composite: MoE dispatch (`argsort` of the routed experts, the gather of the token rows
+    /// and the group offsets), keeping the permutation, its `// k`, its inverse and the offsets.
+    MoeDispatch,
     /// Composite: the `cos`/`sin` tables of a rotary embedding module.
     RotaryTables,
     /// Composite: `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`).
@@ -211,6 +214,7 @@ impl AtenOp {
             AtenOp::AvgPool2d => "avg_pool2d",
             AtenOp::AdaptiveAvgPool2d => "_adaptive_avg_pool2d",
             AtenOp::FlashAttention => "_scaled_dot_product_flash_attention",
+            AtenOp::MoeDispatch => "moe_dispatch",
             AtenOp::RotaryTables => "rotary_embedding",
             AtenOp::ApplyRotary => "apply_rotary_pos_emb",
             AtenOp::RepeatKv => "repeat_kv",
@@ -484,7 +488,6 @@ impl AtenOp {
             AtenOp::Clone => unary("clone", SaveRule::NOTHING),
             AtenOp::ToCopy => unary("_to_copy", SaveRule::NOTHING),
             AtenOp::Narrow | AtenOp::Chunk => plain(&["self"]),
-            // The MoE program's gather: sort permutation, its inverse and the group offsets.
             AtenOp::Index => spec(
                 Some("index.Tensor"),
                 &["self"],
@@ -529,6 +532,13 @@ impl AtenOp {
                     Aux(0),
                 ]),
             ),
+            AtenOp::MoeDispatch => spec(
+                None,
+                &["hidden_states"],
+                &["result"],
+                &["perm_div_k", "perm", "inverse_perm", "offs"],
+                SaveRule::always(&[Aux(0), Aux(1), Aux(2), Aux(3)]),
+            ),
             AtenOp::ApplyRotary => spec(
                 None,
                 &["q"],
@@ -547,148 +557,4 @@ impl AtenOp {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-
-    use super::*;
-
-    /// Every operator.
-    fn all() -> impl Iterator<Item = AtenOp> {
-        <AtenOp as strum::IntoEnumIterator>::iter()
-    }
-
-    /// Where memest's table knowingly differs from derivatives.yaml: (operator, tensor, why).
-    const KNOWN: &[(AtenOp, &str, &str)] = &[
-        (
-            AtenOp::NativeBatchNorm,
-            "running_mean",
-            "a buffer, alive all step: memest does not pass it",
-        ),
-        (
-            AtenOp::NativeBatchNorm,
-            "running_var",
-            "a buffer, alive all step: memest does not pass it",
-        ),
-        (
-            AtenOp::NllLoss,
-            "weight",
-            "no class weights (`F.cross_entropy(weight=None)`)",
-        ),
-        (
-            AtenOp::Bmm,
-            "self",
-            "codegen saves it only when `mat2` needs a gradient; memest keeps both operands",
-        ),
-        (
-            AtenOp::Bmm,
-            "mat2",
-            "codegen saves it only when `self` needs a gradient; memest keeps both operands",
-        ),
-    ];
-
-    /// A saved tensor by name, with the input whose gradient alone needs it (`None`: saved
-    /// whenever autograd records the operator).
-    type Saves = BTreeSet<(String, Option<String>)>;
-
-    /// What `op`'s row says it saves, by ATen name.
-    fn table_saves(op: AtenOp) -> Saves {
-        let s = op.spec();
-        let mut out = Saves::new();
-        for saved in s.saves.always {
-            let name = match *saved {
-                Input(i) | OptionalInput(i) | InputClone(i) => s.inputs[i],
-                Output(i) => s.outputs[i],
-                Aux(i) => s.aux[i],
-            };
-            out.insert((name.to_string(), None));
-        }
-        if s.saves.each_other {
-            let (a, b) = (s.inputs[0], s.inputs[1]);
-            out.insert((a.to_string(), Some(b.to_string())));
-            out.insert((b.to_string(), Some(a.to_string())));
-        }
-        out
-    }
-
-    /// What derivatives.json says `entry` saves. A tensor named by one formula for one input is
-    /// saved only when that input needs a gradient, unless it is the only differentiable input
-    /// (then autograd records the operator only when it does).
-    fn upstream_saves(entry: &serde_json::Value) -> Saves {
-        let differentiable = entry["differentiable"].as_array().unwrap().len();
-        let mut out = Saves::new();
-        for (name, formulas) in entry["saved"].as_object().unwrap() {
-            let formulas: Vec<&str> = formulas
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f.as_str().unwrap())
-                .collect();
-            let guard = match formulas.as_slice() {
-                [one] if !one.contains(',') && differentiable > 1 => Some((*one).to_string()),
-                _ => None,
-            };
-            out.insert((name.clone(), guard));
-        }
-        out
-    }
-
-    #[test]
-    fn every_rule_names_tensors_its_row_declares() {
-        for op in all() {
-            let s = op.spec();
-            for saved in s.saves.always {
-                let ok = match *saved {
-                    Input(i) | OptionalInput(i) | InputClone(i) => i < s.inputs.len(),
-                    Output(i) => i < s.outputs.len(),
-                    Aux(i) => i < s.aux.len(),
-                };
-                assert!(ok, "{op:?}: {saved:?}");
-            }
-            assert!(!s.saves.each_other || s.inputs.len() >= 2, "{op:?}");
-            let clones = s.saves.always.iter().any(|s| matches!(s, InputClone(_)));
-            assert!(
-                !clones || op.is_inplace(),
-                "{op:?} clones but is not in place"
-            );
-        }
-    }
-
-    /// The table agrees with PyTorch's derivatives.yaml (tests/data/derivatives.json, made by
-    /// tools/derivatives.py), but for the differences listed in `KNOWN`.
-    #[test]
-    fn saves_match_derivatives_yaml() {
-        let data: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/derivatives.json")).unwrap();
-        let ops = data["ops"].as_object().unwrap();
-        let mut checked = BTreeMap::new();
-        for op in all() {
-            let Some(yaml) = op.spec().yaml else { continue };
-            let entry = ops.get(yaml).unwrap_or_else(|| {
-                panic!("{op:?}: {yaml} is not in derivatives.json; run tools/derivatives.py")
-            });
-            let known = |name: &str| KNOWN.iter().any(|&(o, n, _)| o == op && n == name);
-            let ours: Saves = table_saves(op)
-                .into_iter()
-                .filter(|(n, _)| !known(n))
-                .collect();
-            let theirs: Saves = upstream_saves(entry)
-                .into_iter()
-                .filter(|(n, _)| !known(n))
-                .collect();
-            assert_eq!(ours, theirs, "{op:?} ({yaml})");
-            checked.insert(yaml, op);
-        }
-        // Every entry of the data is a row of the table (no stale data).
-        for yaml in ops.keys() {
-            assert!(checked.contains_key(yaml.as_str()), "{yaml} is in no row");
-        }
-    }
-
-    #[test]
-    fn in_place_rows_are_in_place() {
-        for op in all() {
-            let ends = op.name().split('.').next().unwrap().ends_with('_');
-            assert_eq!(op.is_inplace(), ends, "{op:?}");
-        }
-    }
-}
+mod tests;
