@@ -6,6 +6,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
+use crate::cost::plan::StepUse;
 pub use crate::cost::{BytesPerParam, RecipeReport};
 use crate::dtype::DType;
 use crate::settings::Settings;
@@ -349,10 +350,12 @@ impl Report {
             settings: settings.clone(),
             recipe: RecipeReport::new(
                 &settings.recipe,
-                settings.optimizer,
-                settings.training(),
-                sim.optimizer_state_bytes,
-                trainable_param_count,
+                StepUse {
+                    training: settings.training(),
+                    optimizer: settings.optimizer,
+                    state_bytes: sim.optimizer_state_bytes,
+                    trainable_params: trainable_param_count,
+                },
             ),
             input_shape: tape.input_shape.clone(),
             param_count: tape.params.iter().map(|p| p.numel).sum(),

@@ -34,19 +34,26 @@ pub struct RecipeReport {
     pub bytes_per_param: BytesPerParam,
 }
 
+/// What a step did with its optimizer, as the per-parameter figures need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepUse {
+    /// Whether it is a training step (else gradients, master weights and state count 0).
+    pub training: bool,
+    /// The optimizer, if any (it counts only in training).
+    pub optimizer: Option<Optimizer>,
+    /// Its state bytes over the model ([`OptimizerPlan::state_bytes`]).
+    pub state_bytes: u64,
+    /// Trainable parameters (elements).
+    pub trainable_params: u64,
+}
+
 impl RecipeReport {
-    /// `recipe` as a step uses it: gradients, master weights and optimizer state only when
-    /// `training`; `optimizer` counts only then. `state_bytes` over `trainable_params` is the
-    /// average [`BytesPerParam::new`] shows for Adafactor.
+    /// `recipe` as `step` uses it: gradients, master weights and optimizer state only in
+    /// training.
     #[must_use]
-    pub fn new(
-        recipe: &Recipe,
-        optimizer: Option<Optimizer>,
-        training: bool,
-        state_bytes: u64,
-        trainable_params: u64,
-    ) -> RecipeReport {
-        let optimizer = optimizer.filter(|_| training);
+    pub fn new(recipe: &Recipe, step: StepUse) -> RecipeReport {
+        let training = step.training;
+        let optimizer = step.optimizer.filter(|_| training);
         RecipeReport {
             name: recipe.name.clone(),
             explicit: recipe.explicit,
@@ -56,13 +63,7 @@ impl RecipeReport {
             optimizer_state_dtype: optimizer.and_then(|o| o.state_dtype(recipe.optimizer_dtype())),
             autocast_dtype: recipe.autocast.map(super::Amp::dtype),
             activations_dtype: recipe.activations(),
-            bytes_per_param: BytesPerParam::new(
-                recipe,
-                optimizer,
-                training,
-                state_bytes,
-                trainable_params,
-            ),
+            bytes_per_param: BytesPerParam::new(recipe, step),
         }
     }
 }
@@ -101,18 +102,17 @@ fn number<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 impl BytesPerParam {
-    /// The bytes per trainable parameter of `recipe` with `optimizer` (`None`: no optimizer, or
-    /// inference when `training` is false). `state_bytes` over `trainable_params` gives the
-    /// average shown for an optimizer without a nominal figure (Adafactor), rounded to 3
-    /// decimals.
+    /// The bytes per trainable parameter of `recipe` in `step`. The state's bytes over the
+    /// trainable parameters give the average shown for an optimizer without a nominal figure
+    /// (Adafactor), rounded to 3 decimals.
     #[must_use]
-    pub fn new(
-        recipe: &Recipe,
-        optimizer: Option<Optimizer>,
-        training: bool,
-        state_bytes: u64,
-        trainable_params: u64,
-    ) -> BytesPerParam {
+    pub fn new(recipe: &Recipe, step: StepUse) -> BytesPerParam {
+        let StepUse {
+            training,
+            optimizer,
+            state_bytes,
+            trainable_params,
+        } = step;
         #[allow(clippy::cast_precision_loss)] // bit widths are small
         let bytes = |d: DType| d.bits() as f64 / 8.0;
         let optimizer_state = optimizer.filter(|_| training).map_or(0.0, |o| {
@@ -264,7 +264,13 @@ mod tests {
         assert_eq!(plan.temp_bytes, 401_408);
         assert_eq!(plan.master_grad_copies(|id| id == 7), (401_408, 200_704));
         assert_eq!(plan.master_grad_copies(|_| false), (0, 0));
-        let bpp = BytesPerParam::new(&recipe, Some(Optimizer::Adam), true, 0, 1);
+        let step = StepUse {
+            training: true,
+            optimizer: Some(Optimizer::Adam),
+            state_bytes: plan.state_bytes,
+            trainable_params: 100_352,
+        };
+        let bpp = BytesPerParam::new(&recipe, step);
         assert_eq!(bpp.total, 16.0);
     }
 }
