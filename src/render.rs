@@ -40,6 +40,13 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
 }
 
 fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    write_header(out, r, units)?;
+    write_categories(out, r, units)?;
+    write_footer(out, r, units)
+}
+
+/// The search's outcome, the model, the run's settings, the parameters and the recipe.
+fn write_header(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
     let s = &r.settings;
     let fmt = |b: u64| format_bytes(b, units);
     if let Some(found) = &r.search {
@@ -109,7 +116,12 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
             thousands(r.trainable_param_count)
         )?;
     }
+    Ok(())
+}
 
+/// The per-category table: at the peak, its share, each category's own maximum.
+fn write_categories(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    let fmt = |b: u64| format_bytes(b, units);
     let mut table = Table::new();
     table.load_style(presets::UTF8_FULL_CONDENSED);
     table.set_header(vec!["Category", "At peak", "Share", "Step maximum"]);
@@ -144,7 +156,13 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    writeln!(out, "{table}")?;
+    writeln!(out, "{table}")
+}
+
+/// Where the peak is, what training keeps, and the budget check.
+fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    let s = &r.settings;
+    let fmt = |b: u64| format_bytes(b, units);
     write!(
         out,
         "peak: {} during the {}",
