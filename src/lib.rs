@@ -5,7 +5,12 @@
 //! file text → [`spec::parse`] (a Hugging Face `config.json`: [`hf::to_spec`]) →
 //! [`graph::build`] (validated layers) → [`trace::trace`] (shapes and, per operator, the tensors
 //! autograd saves) → [`sim::simulate`] (the step's peak) → [`report::Report`] → [`render`]
-//! table or JSON.
+//! table, or [`report::Report::to_json`] (its schema: `schema/report.schema.json`).
+//!
+//! [`run`] answers a [`Query`] (flags, budget, `--max-batch`/`--max-context` search) with one
+//! report that carries the search's outcome and the warnings; the `memest` binary only turns
+//! its flags into a query and prints. Errors are typed ([`Error`]) and keep where they come
+//! from; [`locate`] adds the file (and, for a layer of a TOML file, its line).
 //!
 //! ```
 //! let src = r#"
