@@ -21,6 +21,11 @@
 //! consumed) and then frees what only it had saved. A checkpointed block keeps only its input
 //! in forward and recomputes its operators just before its backward. The optimizer step adds
 //! its temporaries ([`crate::cost::OptimizerPlan`]).
+//!
+//! Two parts: `liveness` computes, once and from the tape alone, the per-storage facts (last
+//! use in forward, saved for backward, the step whose backward frees it, what each checkpointed
+//! segment keeps) and the saved bytes; `replay` walks the step's phases with those facts,
+//! tracking live bytes per [`Category`] with checked totals.
 
 mod liveness;
 mod replay;

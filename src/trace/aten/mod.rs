@@ -11,6 +11,18 @@
 //! autograd's codegen saves it only when that input needs a gradient if it is the only formula
 //! that names it ([`SaveRule::each_other`]). `tests/data/derivatives.json`, extracted from the
 //! yaml by `tools/derivatives.py`, pins every rule here to upstream in a unit test.
+//!
+//! # Adding an operator
+//!
+//! 1. A variant of [`AtenOp`] with its ATen name in [`AtenOp::name`] (an in-place form is its own
+//!    variant, listed in [`AtenOp::is_inplace`]).
+//! 2. Its row in [`AtenOp::spec`]: the `derivatives.yaml` entry (`name.overload`, or `None` for a
+//!    composite), ATen's names for the inputs, outputs and auxiliary tensors in the order the
+//!    tracer passes them, and the [`SaveRule`] read off the entry's backward formulas.
+//! 3. The tracer records it with `self.call(Call::new(op, inputs, outputs))`, adding `.aux(..)`
+//!    for the tensors the rule names that are not values and `.allocs(..)` for what it
+//!    allocates besides its outputs. Then run `tools/derivatives.py` on PyTorch's yaml to add the
+//!    entry to `tests/data/derivatives.json`; the unit test checks the row against it.
 
 /// An operator of the tape.
 ///
