@@ -106,6 +106,30 @@ impl Builder {
         self.tape.steps.len() - 1
     }
 
+    /// A step outside any segment with no view gradient: `op` reads `ins` and writes `outs`,
+    /// keeps `saves` and gives `grads` a gradient.
+    fn op(
+        &mut self,
+        op: AtenOp,
+        (ins, outs): (&[ValueId], &[ValueId]),
+        saves: &[ValueId],
+        grads: &[ValueId],
+    ) -> usize {
+        let s = S {
+            op,
+            inputs: ins,
+            outputs: outs,
+            saves,
+            grads,
+        };
+        self.step(&s, false, None)
+    }
+
+    /// `a = x·w`, keeping `x` for `w`'s gradient: the first step of every tape here.
+    fn mul(&mut self, x: ValueId, w: ValueId, a: ValueId) {
+        self.op(AtenOp::Mul, (&[x, w], &[a]), &[x], &[w]);
+    }
+
     /// `out.sum()` as the loss, held to the end of the step; its backward hands a view of a
     /// scalar to `out` (no allocation).
     fn loss(&mut self, out: ValueId) {
@@ -188,14 +212,7 @@ fn view_gradient_is_handed_off() {
     let x = t.f32(Input, 100, false);
     let w = t.f32(Parameter, 200, true);
     let a = t.f32(Act, 100, true);
-    let mul = S {
-        op: AtenOp::Mul,
-        inputs: &[x, w],
-        outputs: &[a],
-        saves: &[x],
-        grads: &[w],
-    };
-    t.step(&mul, false, None);
+    t.mul(x, w, a);
     let b = t.view(a);
     let view = S {
         op: AtenOp::View,
@@ -206,14 +223,7 @@ fn view_gradient_is_handed_off() {
     };
     t.step(&view, true, None);
     let c = t.f32(Act, 100, true);
-    let relu = S {
-        op: AtenOp::Relu,
-        inputs: &[b],
-        outputs: &[c],
-        saves: &[c],
-        grads: &[b],
-    };
-    t.step(&relu, false, None);
+    t.op(AtenOp::Relu, (&[b], &[c]), &[c], &[b]);
     t.loss(c);
     let o = train(&t.tape, &OptimizerPlan::default());
     assert_eq!(o.peak, 2_404);
@@ -240,38 +250,10 @@ fn gradient_accumulates_into_an_input_used_twice() {
         t.f32(Act, 50, true),
         t.f32(Act, 100, true),
     );
-    for s in [
-        S {
-            op: AtenOp::Mul,
-            inputs: &[x, w],
-            outputs: &[a],
-            saves: &[x],
-            grads: &[w],
-        },
-        S {
-            op: AtenOp::Gelu,
-            inputs: &[a],
-            outputs: &[b],
-            saves: &[a],
-            grads: &[a],
-        },
-        S {
-            op: AtenOp::Silu,
-            inputs: &[a],
-            outputs: &[c],
-            saves: &[a],
-            grads: &[a],
-        },
-        S {
-            op: AtenOp::Add,
-            inputs: &[b, c],
-            outputs: &[d],
-            saves: &[],
-            grads: &[b, c],
-        },
-    ] {
-        t.step(&s, false, None);
-    }
+    t.mul(x, w, a);
+    t.op(AtenOp::Gelu, (&[a], &[b]), &[a], &[a]);
+    t.op(AtenOp::Silu, (&[a], &[c]), &[a], &[a]);
+    t.op(AtenOp::Add, (&[b, c], &[d]), &[], &[b, c]);
     t.loss(d);
     let o = train(&t.tape, &OptimizerPlan::default());
     assert_eq!(o.peak, 2_404);
@@ -296,14 +278,7 @@ fn checkpointed_segment_keeps_its_input_and_recomputes() {
         t.f32(Act, 150, true),
         t.f32(Act, 50, true),
     );
-    let mul = S {
-        op: AtenOp::Mul,
-        inputs: &[x, w],
-        outputs: &[a],
-        saves: &[x],
-        grads: &[w],
-    };
-    t.step(&mul, false, None);
+    t.mul(x, w, a);
     let seg = t.tape.segments.push_and_get_key(Segment {
         start: 1,
         end: 4,
@@ -366,14 +341,7 @@ fn master_gradient_copies_replace_16_bit_gradients() {
     let x = t.tensor(Input, DType::Bfloat16, 100, false);
     let w = t.tensor(Parameter, DType::Bfloat16, 100, true);
     let a = t.tensor(Act, DType::Bfloat16, 100, true);
-    let mul = S {
-        op: AtenOp::Mul,
-        inputs: &[x, w],
-        outputs: &[a],
-        saves: &[x],
-        grads: &[w],
-    };
-    t.step(&mul, false, None);
+    t.mul(x, w, a);
     let loss = t.tensor(Act, DType::Bfloat16, 1, true);
     let sum = S {
         op: AtenOp::Sum,
@@ -425,23 +393,9 @@ fn in_place_op_allocates_nothing() {
     let x = t.f32(Input, 100, false);
     let w = t.f32(Parameter, 10, true);
     let a = t.f32(Act, 100, true);
-    let mul = S {
-        op: AtenOp::Mul,
-        inputs: &[x, w],
-        outputs: &[a],
-        saves: &[x],
-        grads: &[w],
-    };
-    t.step(&mul, false, None);
+    t.mul(x, w, a);
     let b = t.view(a);
-    let relu = S {
-        op: AtenOp::ReluInplace,
-        inputs: &[a],
-        outputs: &[b],
-        saves: &[b],
-        grads: &[a],
-    };
-    let i = t.step(&relu, false, None);
+    let i = t.op(AtenOp::ReluInplace, (&[a], &[b]), &[b], &[a]);
     assert!(t.tape.steps[i].allocs.is_empty());
     t.loss(b);
     let o = train(&t.tape, &OptimizerPlan::default());
