@@ -233,7 +233,7 @@ impl Settings {
 }
 
 fn recipe_name<S: serde::Serializer>(r: &Recipe, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&r.name)
+    s.collect_str(&r.name)
 }
 
 /// Checks a named recipe against `--dtype` and `--amp`, which it fixes itself.
@@ -278,6 +278,7 @@ fn resolve_recipe(name: RecipeName, o: &Overrides) -> Result<Recipe, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::recipe::RecipeId;
 
     /// A bad name in the file's `[defaults]` is a serde error: it gets the file's position
     /// and the accepted names.
@@ -420,7 +421,7 @@ mod tests {
                 ..Overrides::default()
             })
             .unwrap();
-            assert_eq!(s.recipe.name, name.to_string());
+            assert_eq!(s.recipe.name, RecipeId::Named(name));
             assert!(s.recipe.explicit);
             assert_eq!((s.dtype, s.amp), (weights, amp), "{}", name);
             assert_eq!(s.recipe.gradients, grads, "{}", name);
@@ -444,7 +445,7 @@ mod tests {
             })
             .unwrap();
             assert!(!s.recipe.explicit);
-            s.recipe.name
+            s.recipe.name.to_string()
         };
         assert_eq!(derived(None, None), "fp32");
         assert_eq!(derived(Some(DType::Bfloat16), None), "bf16");
@@ -458,7 +459,7 @@ mod tests {
             ..DefaultsSpec::default()
         };
         let s = Settings::resolve(&defaults, &Overrides::default()).unwrap();
-        assert_eq!(s.recipe.name, "bf16");
+        assert_eq!(s.recipe.name, RecipeId::Named(RecipeName::Bf16));
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub mod recipe;
 pub use optim::{Optimizer, OptimizerImpl};
 pub use plan::{BytesPerParam, OptimizerPlan, RecipeReport};
 pub use quant::Quant;
-pub use recipe::{Amp, Recipe, RecipeName};
+pub use recipe::{Amp, Recipe, RecipeId, RecipeName};
 
 /// Plain facts about one tensor, as the cost model needs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -55,7 +55,7 @@ impl RecipeReport {
         let training = step.training;
         let optimizer = step.optimizer.filter(|_| training);
         RecipeReport {
-            name: recipe.name.clone(),
+            name: recipe.name.to_string(),
             explicit: recipe.explicit,
             weights_dtype: recipe.weights,
             gradients_dtype: training.then_some(recipe.gradients),

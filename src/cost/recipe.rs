@@ -73,7 +73,7 @@ impl RecipeName {
             }
         };
         Recipe {
-            name: self.to_string(),
+            name: RecipeId::Named(self),
             weights,
             gradients,
             master_weights: master,
@@ -83,11 +83,30 @@ impl RecipeName {
     }
 }
 
+/// What a recipe is called: one of the named recipes, or `pure-<dtype>` for a model dtype
+/// without one (float64, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecipeId {
+    /// A named recipe.
+    Named(RecipeName),
+    /// The whole model in this dtype (`pure-float64`).
+    Pure(DType),
+}
+
+impl std::fmt::Display for RecipeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecipeId::Named(n) => n.fmt(f),
+            RecipeId::Pure(d) => f.pad(&format!("pure-{d}")),
+        }
+    }
+}
+
 /// A resolved precision recipe: named by `--recipe`, or derived from `--dtype` and `--amp`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recipe {
     /// `fp32`, `bf16`, `amp-bf16`, `mixed-bf16`, … (`pure-<dtype>` for other model dtypes).
-    pub name: String,
+    pub name: RecipeId,
     /// dtype of the model's parameters.
     pub weights: DType,
     /// dtype of the parameters' gradients.
@@ -112,7 +131,7 @@ impl Recipe {
             (DType::Bfloat16, None) => RecipeName::Bf16.recipe(),
             (DType::Float16, None) => RecipeName::Fp16.recipe(),
             (other, None) => Recipe {
-                name: format!("pure-{other}"),
+                name: RecipeId::Pure(other),
                 weights: other,
                 gradients: other,
                 master_weights: None,
@@ -156,7 +175,7 @@ mod tests {
         for &name in RecipeName::value_variants() {
             let r = name.recipe();
             assert_eq!(
-                <RecipeName as ValueEnum>::from_str(&r.name, false),
+                <RecipeName as ValueEnum>::from_str(&r.name.to_string(), false),
                 Ok(name)
             );
             assert_eq!(serde_json::to_string(&name).unwrap(), format!("\"{name}\""));
@@ -166,6 +185,9 @@ mod tests {
             "mixed-bf16-fp32-grads"
         );
         assert_eq!(RecipeName::AmpBf16.to_string(), "amp-bf16");
-        assert_eq!(Recipe::derived(DType::Float64, None).name, "pure-float64");
+        assert_eq!(
+            Recipe::derived(DType::Float64, None).name.to_string(),
+            "pure-float64"
+        );
     }
 }
