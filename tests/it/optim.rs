@@ -137,7 +137,8 @@ const VIT_IMPL_MEASURED: [(&str, &str, u64, u64, u64, u64); 30] = [
         4_724_736,
         4_724_736,
     ),
-    // 140,928 B short: the CPU's bfloat16 norm reductions keep float32 scratch (not modelled)
+    // 140,928 B short: the CPU's bfloat16 `mm` for `row_var @ col_var` [768, 1] @ [1, 3072]
+    // allocates that much scratch beside its output (not modelled)
     ("adafactor", "for-loop", 16, 696_204, 4_879_488, 4_738_560),
     ("adamw", "fused", 32, 692_541_856, 12, 0),
     ("adam", "fused", 32, 692_541_856, 12, 0),
