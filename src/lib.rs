@@ -42,6 +42,7 @@ pub mod spec;
 pub mod trace;
 pub mod units;
 pub mod vocab;
+pub mod warning;
 
 pub use error::{Error, Located};
 pub use report::Report;

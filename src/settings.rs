@@ -50,13 +50,13 @@ impl Quant {
     /// parsed, with the default options). Options that do not belong to the format are ignored;
     /// [`Warning::QuantFlagsWithoutQuant`] when some were given and there is no quantization.
     ///
-    /// [`Warning::QuantFlagsWithoutQuant`]: crate::report::Warning::QuantFlagsWithoutQuant
+    /// [`Warning::QuantFlagsWithoutQuant`]: crate::warning::Warning::QuantFlagsWithoutQuant
     #[must_use]
     pub fn resolve(
         base: Option<Quant>,
         group_size: Option<u64>,
         double_quant: Option<bool>,
-    ) -> (Option<Quant>, Option<crate::report::Warning>) {
+    ) -> (Option<Quant>, Option<crate::warning::Warning>) {
         let given = group_size.is_some() || double_quant.is_some();
         let quant = base.map(|q| match q {
             Quant::Nf4 { double_quant: d } => Quant::Nf4 {
@@ -68,7 +68,7 @@ impl Quant {
             other => other,
         });
         let warning =
-            (given && quant.is_none()).then_some(crate::report::Warning::QuantFlagsWithoutQuant);
+            (given && quant.is_none()).then_some(crate::warning::Warning::QuantFlagsWithoutQuant);
         (quant, warning)
     }
 }

@@ -33,8 +33,8 @@ mod replay;
 use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
-use crate::Error;
 use crate::cost::OptimizerPlan;
+use crate::error::Error;
 use crate::settings::Settings;
 use crate::trace::{LayerId, Tape};
 use liveness::{Liveness, SavedBytes};

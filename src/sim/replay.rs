@@ -12,9 +12,9 @@ use typed_index_collections::{TiVec, ti_vec};
 
 use super::liveness::{Liveness, touched};
 use super::{Category, Phase};
-use crate::Error;
 use crate::cost::OptimizerPlan;
 use crate::dtype::DType;
+use crate::error::Error;
 use crate::trace::{LayerId, SegmentId, StorageId, StorageKind, Tape, ValueId};
 
 /// Live bytes per category, and the peak so far.

@@ -1,0 +1,36 @@
+//! Warnings: flags or settings without effect, reported beside the estimate (JSON `warnings`,
+//! `warning: …` lines on standard error). A leaf module, so that settings resolution and the report
+//! can both name them without importing each other.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// A flag or setting without effect, reported beside the estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Warning {
+    /// `--seq` or `--context` on a model whose input has no `"seq"` dimension.
+    SeqWithoutSeqDim,
+    /// `--group-size` or `--double-quant` without `--dtype int4` or `nf4`.
+    QuantFlagsWithoutQuant,
+    /// `--checkpoint` on a model without repeated blocks.
+    CheckpointWithoutBlocks,
+}
+
+impl Warning {
+    /// The message, naming the model file as `origin`.
+    #[must_use]
+    pub fn message(self, origin: &str) -> String {
+        match self {
+            Warning::SeqWithoutSeqDim => format!(
+                "--seq/--context set no length: the input of {origin} has no \"seq\" dimension"
+            ),
+            Warning::QuantFlagsWithoutQuant => {
+                "--group-size and --double-quant apply only to --dtype int4 and nf4".to_string()
+            }
+            Warning::CheckpointWithoutBlocks => {
+                format!("--checkpoint has no effect: {origin} has no repeated blocks to checkpoint")
+            }
+        }
+    }
+}
