@@ -62,7 +62,8 @@ pub struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     lora_rank: Option<u64>,
     /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
-    /// suffixes (gate, up, down match *.gate_proj, *.up_proj, *.down_proj).
+    /// suffixes, in memest's or PEFT's spelling (gate or gate_proj match *.gate_proj; q_proj is
+    /// q). An entry that matches nothing is an error.
     #[arg(
         long,
         value_delimiter = ',',
@@ -275,7 +276,11 @@ impl Cli {
             device: self.device,
             lora: self.lora_rank.map(|rank| Lora {
                 rank,
-                targets: self.lora_targets,
+                targets: self
+                    .lora_targets
+                    .iter()
+                    .map(|t| t.trim().to_string())
+                    .collect(),
             }),
             quant,
             kv_dtype: self.kv_dtype,

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use call::Call;
 
 pub use aten::AtenOp;
+pub use params::lora_entry_matches;
 pub use tape::{
     LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage, StorageId, StorageKind,
     Tape, Value, ValueId,
@@ -38,7 +39,7 @@ use crate::graph::{
 };
 use crate::settings::Settings;
 use crate::shape::Shape;
-use crate::spec::{DimSpec, LayerKind, Pair};
+use crate::spec::{DimSpec, Pair};
 use crate::vocab::{AttentionImpl, Device};
 
 /// Upper bound on traced operators (after repeating blocks), so that an absurd `count` is an
@@ -64,7 +65,8 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         label: LayerAt::default(),
         quantized: std::collections::HashSet::new(),
         position_bias: None,
-        lora_adapters: 0,
+        lora_matched: Vec::new(),
+        lora_modules: Vec::new(),
     };
     let mut dims = vec![settings.batch];
     for d in &model.input_dims {
@@ -96,39 +98,36 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
     let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
     let mut scopes = vec![HashMap::from([(INPUT.to_string(), input)])];
     let out = t.layers(&model.layers, input, &mut scopes, "", 1)?;
-    if let Some(lora) = settings.lora.as_ref().filter(|_| t.lora_adapters == 0) {
-        // PEFT refuses target modules that match nothing; so does memest.
-        let mut linears: Vec<&str> = t
-            .tape
-            .layers
+    if let Some(lora) = &settings.lora {
+        // PEFT refuses target modules that match nothing; so does memest, entry by entry.
+        let unmatched: Vec<&str> = lora
+            .targets
             .iter()
-            .filter(|l| l.kind == Some(LayerKind::Linear))
-            .map(|l| l.name.as_str())
+            .enumerate()
+            .filter(|(i, _)| !t.lora_matched.get(*i).copied().unwrap_or(false))
+            .map(|(_, e)| e.as_str())
             .collect();
-        linears.dedup();
-        let attention = t.tape.layers.iter().any(|l| {
-            matches!(
-                l.kind,
-                Some(LayerKind::Attention | LayerKind::CrossAttention)
-            )
-        });
-        return Err(Error::setting(
-            SettingKey::Lora,
-            format!(
-                "--lora-targets {} matched no projection; targets are {}linear-layer names or suffixes{}",
-                lora.targets.join(","),
-                if attention {
-                    "q, k, v, o (attention projections) and "
-                } else {
-                    ""
-                },
-                if linears.is_empty() {
-                    " (this model has no linear layers)".to_string()
-                } else {
-                    format!(" (this model's: {})", linears.join(", "))
-                }
-            ),
-        ));
+        if !unmatched.is_empty() {
+            let names = if t.lora_modules.is_empty() {
+                "this model has no linear layers".to_string()
+            } else {
+                format!(
+                    "the names in this model are {} (a trailing _proj is optional: q_proj is q)",
+                    t.lora_modules.join(", ")
+                )
+            };
+            return Err(Error::setting(
+                SettingKey::Lora,
+                format!(
+                    "--lora-targets {} matched no projection; {names}",
+                    unmatched
+                        .iter()
+                        .map(|e| format!("`{e}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
     }
     if !t.tape.has_loss {
         let v = &t.tape.values[out];
@@ -160,8 +159,11 @@ struct Tracer<'a> {
     quantized: std::collections::HashSet<ValueId>,
     /// The relative position bias of the current stack (T5).
     position_bias: Option<ValueId>,
-    /// LoRA adapters added so far.
-    lora_adapters: usize,
+    /// Per `--lora-targets` entry, whether it matched a projection so far.
+    lora_matched: Vec<bool>,
+    /// The projections and linear layers seen (last name segment; `q`, `k`, `v`, `o` for
+    /// attention), in order: the names an unmatched LoRA target is told about.
+    lora_modules: Vec<String>,
 }
 
 fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {

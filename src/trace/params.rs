@@ -78,22 +78,34 @@ impl Tracer<'_> {
     }
 
     /// Whether LoRA targets a projection (`q`, `k`, `v`, `o`, `qkv` for fused ones) or a linear
-    /// layer by name: a target matches the name's last segment, or that segment minus `_proj`.
-    pub(super) fn lora_targeted(&self, target: &str) -> bool {
+    /// layer by name, and marks the `--lora-targets` entries that match it (see
+    /// [`lora_entry_matches`]). Every module seen is remembered for the error that names an
+    /// entry matching nothing.
+    pub(super) fn lora_targeted(&mut self, target: &str) -> bool {
         let Some(lora) = &self.s.lora else {
             return false;
         };
-        let last = target.rsplit('.').next().unwrap_or(target);
-        lora.targets.iter().any(|t| {
-            t == target
-                || t == last
-                || last.strip_suffix("_proj") == Some(t.as_str())
-                || (target == "qkv"
-                    && matches!(
-                        t.as_str(),
-                        "q" | "k" | "v" | "c_attn" | "in_proj" | "qkv_proj"
-                    ))
-        })
+        let shown: &[&str] = if target == "qkv" {
+            &["q", "k", "v"]
+        } else {
+            &[target.rsplit('.').next().unwrap_or(target)]
+        };
+        for name in shown {
+            if !self.lora_modules.iter().any(|m| m == name) {
+                self.lora_modules.push((*name).to_string());
+            }
+        }
+        if self.lora_matched.len() != lora.targets.len() {
+            self.lora_matched = vec![false; lora.targets.len()];
+        }
+        let mut any = false;
+        for (entry, matched) in lora.targets.iter().zip(self.lora_matched.iter_mut()) {
+            if lora_entry_matches(entry, target) {
+                *matched = true;
+                any = true;
+            }
+        }
+        any
     }
 
     /// PEFT's LoRA on a targeted projection: `y + B(A(x)) · scaling` with trainable
@@ -112,7 +124,6 @@ impl Tracer<'_> {
             return Ok(y);
         }
         let rank = self.s.lora.as_ref().map_or(0, |l| l.rank);
-        self.lora_adapters += 1;
         let a = self.adapter_param(Shape::from([rank, in_f]))?;
         let b = self.adapter_param(Shape::from([out_f, rank]))?;
         let adt = self.val(a).dtype;
@@ -144,4 +155,27 @@ impl Tracer<'_> {
     ) -> Result<StorageId, Error> {
         self.storage(&shape, dtype, StorageKind::Buffer, what)
     }
+}
+
+/// Whether one `--lora-targets` entry matches a projection: PEFT's spelling (`q_proj`,
+/// `gate_proj`: the module name's last segment) or memest's short one (`q`, `gate`: that segment
+/// without `_proj`), or a dotted suffix of the module's name (`mlp.down_proj`). A fused `qkv`
+/// projection is matched by `q`, `k`, `v`, `qkv`, `c_attn` (GPT-2) and `in_proj`
+/// (`nn.MultiheadAttention`).
+#[must_use]
+pub fn lora_entry_matches(entry: &str, target: &str) -> bool {
+    fn stem(s: &str) -> &str {
+        s.strip_suffix("_proj").unwrap_or(s)
+    }
+    let entry = entry.trim();
+    if entry.is_empty() {
+        return false;
+    }
+    let last = target.rsplit('.').next().unwrap_or(target);
+    entry == target
+        || target
+            .strip_suffix(entry)
+            .is_some_and(|head| head.ends_with('.'))
+        || stem(entry) == stem(last)
+        || (target == "qkv" && matches!(stem(entry), "q" | "k" | "v" | "c_attn" | "in"))
 }

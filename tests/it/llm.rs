@@ -182,6 +182,52 @@ fn lora_adapters_train_and_the_base_is_frozen() {
     assert_eq!(u(&r, "trainable_param_count"), 16_777_216);
 }
 
+/// PEFT's spelling of the same seven targets (the list in most QLoRA recipes) trains the same
+/// 39,976,960 parameters; spaces after commas are trimmed (`q, v`: 16·8192·2·32 = 8,388,608).
+#[test]
+fn lora_targets_in_peft_spelling_and_with_spaces() {
+    let r = report(&[
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "--seq",
+        "256",
+    ]);
+    assert_eq!(u(&r, "trainable_param_count"), 39_976_960);
+    let r = report(&[
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "q, v",
+        "--seq",
+        "256",
+    ]);
+    assert_eq!(u(&r, "trainable_param_count"), 8_388_608);
+}
+
+/// A LoRA target that matches nothing is refused (exit 2), naming it and the model's names,
+/// even when the other entries match.
+#[test]
+fn lora_target_matching_nothing_is_an_error() {
+    let out = memest(&[
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "q,foo",
+    ]);
+    assert_eq!(code(&out), 2);
+    assert_eq!(
+        stderr(&out),
+        "error: examples/hf/llama-2-7b.json: --lora-targets `foo` matched no projection; the names \
+         in this model are q, k, v, o, gate_proj, up_proj, down_proj, lm_head (a trailing _proj is \
+         optional: q_proj is q)\n"
+    );
+}
+
 /// NF4 with double quantization (bitsandbytes, blocksize 64): 4 bits per weight, an int8 absmax
 /// per 64 weights and a float32 scale per 256 absmax blocks. A [512, 1000] linear:
 /// 512,000/2 = 256,000 + 8,000 absmax + 4·32 (ceil(8000/256) = 32) = 264,128 bytes.
