@@ -186,11 +186,15 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
         }
         writeln!(out)?;
     } else {
-        writeln!(
+        write!(
             out,
-            "largest set of live activations: {}",
+            "live activations at most: {} (activations + temporaries in forward",
             fmt(r.peak_activations_bytes)
         )?;
+        if r.kv_cache_bytes > 0 {
+            write!(out, "; KV cache apart: {}", fmt(r.kv_cache_bytes))?;
+        }
+        writeln!(out, ")")?;
     }
     if let Some(b) = &r.budget {
         if b.fits {

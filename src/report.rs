@@ -56,8 +56,9 @@ pub struct Report {
     pub input_bytes: u64,
     /// KV cache bytes (inference of causal attention).
     pub kv_cache_bytes: u64,
-    /// The largest total of live activations at any moment (saved or transient, KV cache
-    /// included): what inference needs beyond the weights.
+    /// The largest total of live activations at any moment of the forward pass: the
+    /// `activations_bytes` plus `temporaries_bytes` categories (saved, held or transient). The KV
+    /// cache is never in it (`kv_cache_bytes`).
     pub peak_activations_bytes: u64,
     /// Temporaries of one optimizer step (`foreach` implementations), plus the float32 copies
     /// of 16-bit gradients under a `mixed-*` recipe.

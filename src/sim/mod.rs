@@ -161,7 +161,8 @@ pub struct Simulation {
     pub saved_bytes: u64,
     /// Saved bytes attributed to the first layer that saves each storage.
     pub saved_by_layer: TiVec<LayerId, u64>,
-    /// Largest total of live activations (saved or not, KV cache included) at any moment.
+    /// Largest total of live activations in forward, saved, held or transient
+    /// ([`Category::Activations`] plus [`Category::Temporaries`]); the KV cache is never in it.
     pub peak_live_activations: u64,
     /// Parameter gradient bytes.
     pub gradient_bytes: u64,

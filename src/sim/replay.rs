@@ -32,7 +32,8 @@ pub(super) struct Replay<'a> {
     pub at_peak: [u64; Category::COUNT],
     /// Each category's own maximum.
     pub max: [u64; Category::COUNT],
-    /// Largest total of live activations in forward (kept, transient and KV cache).
+    /// Largest total of live activations in forward: kept plus transient, the KV cache left
+    /// out (it is its own category).
     pub live_act_max: u64,
     /// A running total overflowed 64 bits.
     overflow: bool,
@@ -149,8 +150,7 @@ impl<'a> Replay<'a> {
         }
         if phase == Phase::Forward {
             let acts = self.cur[Category::Activations.index()]
-                .saturating_add(self.cur[Category::Temporaries.index()])
-                .saturating_add(self.cur[Category::KvCache.index()]);
+                .saturating_add(self.cur[Category::Temporaries.index()]);
             self.live_act_max = self.live_act_max.max(acts);
         }
         if total > self.peak {

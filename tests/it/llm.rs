@@ -316,3 +316,28 @@ fn qlora_command_runs() {
     assert_eq!(u(&r["param_count_by_dtype"], "float32"), 39_976_960);
     assert!(u(&r, "total_bytes") < 40 * GIB);
 }
+
+/// One meaning for the inference activation figures: `peak_activations_bytes` is the largest
+/// kept-plus-transient total of the forward pass and never holds the KV cache. Llama-3-8B, 512
+/// tokens, bfloat16: at the peak (the `lm_head`) the logits `[1, 512, 128256]` bf16
+/// (131,334,144 B) and the final norm's 262,144 B are kept, one `[1, 512, 4096]` bf16 hidden
+/// state (4 MiB) is transient: 135,790,592 B; the cache (64 MiB: 128 KiB × 512) is apart.
+#[test]
+fn inference_activation_figures_leave_the_kv_cache_out() {
+    let args = ["examples/hf/llama-3-8b.json", "--context", "512"];
+    let r = report(&args);
+    assert_eq!(u(&r, "kv_cache_bytes"), 64 << 20);
+    assert_eq!(u(&r, "activations_bytes"), 0);
+    assert_eq!(u(&r["at_peak"], "activations_bytes"), 131_596_288);
+    assert_eq!(u(&r["at_peak"], "temporaries_bytes"), 4 << 20);
+    assert_eq!(u(&r, "peak_activations_bytes"), 131_596_288 + (4 << 20));
+    let out = memest(&args);
+    assert_eq!(code(&out), 0);
+    assert!(
+        crate::common::stdout(&out).contains(
+            "live activations at most: 129.5 MiB (activations + temporaries in forward; KV cache apart: 64.00 MiB)"
+        ),
+        "{}",
+        crate::common::stdout(&out)
+    );
+}
