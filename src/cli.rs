@@ -104,7 +104,8 @@ pub struct Cli {
     /// Whose kernels' saved tensors to model (the measured reference is cpu).
     #[arg(long, value_parser = VocabParser::<Device>::new())]
     device: Option<Device>,
-    /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 80GB, 1073741824.
+    /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 24G, 80GB, 1073741824 (G and
+    /// GiB are 2^30 bytes, GB 10^9; any case).
     #[arg(long, value_parser = parse_budget)]
     budget: Option<u64>,
     /// Output format.

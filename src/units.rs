@@ -15,7 +15,7 @@ impl fmt::Display for ParseSizeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid size `{}`: {} (expected a number of bytes with an optional unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+            "invalid size `{}`: {} (expected a number of bytes with an optional unit: K, M, G, T or KiB, MiB, GiB, TiB for powers of 1024; KB, MB, GB, TB for powers of 1000; any case)",
             self.input, self.reason
         )
     }
@@ -24,8 +24,10 @@ impl fmt::Display for ParseSizeError {
 impl std::error::Error for ParseSizeError {}
 
 /// Reads a size in bytes: plain bytes (`1024`), IEC units (`KiB`, `MiB`, `GiB`, `TiB`, powers of
-/// 1024) or SI units (`KB`, `MB`, `GB`, `TB`, powers of 1000), read as written. A decimal
-/// fraction is allowed with a unit (`1.5GiB`) and rounded down to whole bytes.
+/// 1024) or SI units (`KB`, `MB`, `GB`, `TB`, powers of 1000), in any case (`24gb`, `24GIB`). A
+/// bare letter is a power of 1024, as docker and most command-line tools read it: `24G` and
+/// `24g` are 24 GiB, `24GB` is 24·10^9 bytes. A decimal fraction is allowed with a unit
+/// (`1.5GiB`) and rounded down to whole bytes.
 ///
 /// # Errors
 /// An empty string, a negative or malformed number, an unknown unit, or a size over `u64::MAX`.
@@ -45,16 +47,16 @@ pub fn parse_size(text: &str) -> Result<u64, ParseSizeError> {
     if number.is_empty() {
         return Err(err("no number"));
     }
-    let multiplier: u64 = match unit.trim() {
-        "" | "B" | "b" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "t" | "ti" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         _ => return Err(err("unknown unit")),
     };
     let (whole, frac) = match number.split_once('.') {
@@ -147,10 +149,27 @@ mod tests {
     }
 
     #[test]
+    fn reads_units_as_people_write_them() {
+        let gib = 24 * (1u64 << 30);
+        for text in ["24G", "24g", "24GiB", "24GIB", "24gib", "24Gi", "24 G"] {
+            assert_eq!(parse_size(text), Ok(gib), "{text}");
+        }
+        for text in ["24GB", "24gb", "24Gb"] {
+            assert_eq!(parse_size(text), Ok(24_000_000_000), "{text}");
+        }
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5T"), Ok(3 << 39));
+        assert_eq!(parse_size("2k"), Ok(2048));
+        assert_eq!(parse_size("2kb"), Ok(2000));
+    }
+
+    #[test]
     fn rejects_bad_sizes() {
         for bad in [
             "",
             "12XB",
+            "12GG",
+            "12Gibs",
             "-3GiB",
             "GiB",
             "1.2.3GB",

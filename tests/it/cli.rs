@@ -623,3 +623,18 @@ fn the_library_runs_a_query_like_the_command_line() {
     assert_eq!(u(&cli, "max_batch"), r.settings.batch);
     assert_eq!(u(&cli, "total_bytes"), r.total_bytes);
 }
+
+/// `--budget` reads sizes as people write them: a bare `G` (any case) and `GIB` are GiB, as
+/// docker reads them; `gb` is 10^9 bytes.
+#[test]
+fn budget_units_in_any_case() {
+    for (text, bytes) in [
+        ("24G", 24u64 << 30),
+        ("24g", 24 << 30),
+        ("24GIB", 24 << 30),
+        ("24gb", 24_000_000_000),
+    ] {
+        let r = report(&[MLP, "--budget", text]);
+        assert_eq!(u(&r["budget"], "budget_bytes"), bytes, "{text}");
+    }
+}
