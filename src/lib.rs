@@ -150,7 +150,8 @@ pub fn estimate(
 
 /// Reads a model description: memest's own file, or a Hugging Face `config.json` (JSON with a
 /// top-level `model_type` or `architectures` and no `layers`/`input`, see [`hf::is_hf_config`])
-/// translated by [`hf::to_spec`] with the given `head`.
+/// translated by [`hf::to_spec`] with the given `head`. A config with Python's `NaN` or
+/// `Infinity` is read with those values as `null` ([`hf::python_json`]).
 ///
 /// # Errors
 /// A syntax or schema error with its line and column; for a Hugging Face config, an unsupported
@@ -162,11 +163,19 @@ pub fn load_spec(
     head: hf::Head,
 ) -> Result<spec::ModelSpec, Error> {
     let src = src.strip_prefix('\u{feff}').unwrap_or(src);
-    if format == spec::Format::Json
-        && let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
-        && hf::is_hf_config(&value)
-    {
-        return hf::to_spec(src, head);
+    if format == spec::Format::Json {
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
+            && hf::is_hf_config(&value)
+        {
+            return hf::to_spec(src, head);
+        }
+        // A config Python wrote with `NaN`/`Infinity`: those values read as unset.
+        if let Some(text) = hf::python_json(src)
+            && let Ok(value) = serde_json::from_str::<serde_json::Value>(&text)
+            && hf::is_hf_config(&value)
+        {
+            return hf::to_spec(&text, head);
+        }
     }
     if head != hf::Head::Auto {
         return Err(Error::setting(

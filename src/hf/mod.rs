@@ -213,6 +213,40 @@ pub fn is_hf_config(value: &Value) -> bool {
     })
 }
 
+/// The JSON text with the non-finite numbers Python's `json` writes (`NaN`, `Infinity`,
+/// `-Infinity`, outside strings) replaced by `null`, so that the keys holding them read as unset;
+/// `None` when there are none. Python's `json.dump` writes them for `float('nan')` and
+/// `float('inf')`; serde_json, following RFC 8259, does not read them.
+#[must_use]
+pub fn python_json(text: &str) -> Option<String> {
+    const TOKENS: [&str; 3] = ["-Infinity", "Infinity", "NaN"];
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut replaced = false;
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some(token) = TOKENS.iter().find(|t| rest.starts_with(**t)) {
+            out.push_str("null");
+            rest = &rest[token.len()..];
+            replaced = true;
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    replaced.then_some(out)
+}
+
 /// An import error about `field` of a config whose `model_type` is not known yet.
 fn field_error(field: &str, message: String) -> Error {
     Error::Hf(HfError {
@@ -437,6 +471,12 @@ mod tests {
     #[test]
     fn detects_hf_configs() {
         assert!(is_hf_config(&json!({"model_type": "llama"})));
+        assert_eq!(
+            python_json(r#"{"a": NaN, "b": [Infinity, -Infinity], "c": "NaN \" Infinity"}"#)
+                .as_deref(),
+            Some(r#"{"a": null, "b": [null, null], "c": "NaN \" Infinity"}"#)
+        );
+        assert_eq!(python_json(r#"{"a": 1e5, "b": "Infinity"}"#), None);
         assert!(is_hf_config(&json!({"architectures": ["BertModel"]})));
         assert!(!is_hf_config(&json!({"model_type": "x", "layers": []})));
         assert!(!is_hf_config(

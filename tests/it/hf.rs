@@ -555,3 +555,20 @@ fn config_on_standard_input() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(u(&v, "param_count"), 124_439_808);
 }
+
+/// A config Python's `json` wrote with `NaN`, `Infinity` and `-Infinity` (unquoted, as
+/// `json.dump` writes `float('nan')` and `float('inf')`) is read, those values as unset: Llama-2-7B
+/// keeps its 6,738,415,616 parameters. Before, it was read as a memest file ("unknown key
+/// `model_type`").
+#[test]
+fn config_with_python_nan_and_infinity_is_read() {
+    let text = std::fs::read_to_string(path("examples/hf/llama-2-7b.json")).unwrap();
+    let text = text.replacen(
+        '{',
+        "{\n  \"logit_cap\": Infinity,\n  \"router_jitter\": NaN,\n  \"floor\": -Infinity,\n  \"note\": \"NaN and Infinity in a string stay\",",
+        1,
+    );
+    let m = TempModel::new("json", &text);
+    let r = report(&[m.arg()]);
+    assert_eq!(u(&r, "param_count"), 6_738_415_616);
+}
