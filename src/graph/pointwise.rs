@@ -244,8 +244,8 @@ impl ScaleCfg {
     }
 }
 
-/// Cross-entropy loss on logits `[N, C]` or `[B, S, V]` against int64 labels; ends the forward
-/// pass.
+/// Cross-entropy loss on logits `[N, C]`, `[B, S, V]` or `[B, C, d1, …]` (classes on dimension 1,
+/// as PyTorch reads rank 4 and up) against int64 labels; ends the forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CrossEntropyCfg {
     /// Shifts the labels for causal language modelling.

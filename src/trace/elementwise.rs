@@ -304,7 +304,11 @@ impl Tracer<'_> {
     }
 
     /// Cross-entropy: `log_softmax` keeps its result, `nll_loss` keeps the labels
-    /// (`derivatives.yaml` `_log_softmax`, `nll_loss_forward`).
+    /// (`derivatives.yaml` `_log_softmax`, `nll_loss_forward`). Logits `[N, C]` have labels `[N]`
+    /// and `[batch, seq, vocab]` labels `[batch, seq]` (transformers flattens them to
+    /// `[batch·seq, vocab]`); from rank 4 on, `[B, C, d1, …]` (segmentation) has the classes on
+    /// dimension 1 and labels `[B, d1, …]`, as `F.cross_entropy` (`nll_loss2d_forward`, which
+    /// keeps the same tensors) reads them.
     pub(super) fn cross_entropy(
         &mut self,
         x: ValueId,
@@ -314,7 +318,7 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         if xv.shape.rank() < 2 || !xv.dtype.is_float() {
             return Err(self.err(format!(
-                "input {} {} is not float logits [batch, classes] or [batch, seq, vocab]",
+                "input {} {} is not float logits [batch, classes], [batch, seq, vocab] or [batch, classes, d1, ...]",
                 xv.dtype, xv.shape
             )));
         }
@@ -330,7 +334,11 @@ impl Tracer<'_> {
             return Ok(x);
         }
         let dims = xv.shape.dims();
-        let label_shape = Shape::new(dims[..dims.len() - 1].to_vec());
+        let label_shape = if dims.len() >= 4 {
+            Shape::new([&dims[..1], &dims[2..]].concat())
+        } else {
+            Shape::new(dims[..dims.len() - 1].to_vec())
+        };
         let labels = self.storage(&label_shape, DType::Int64, StorageKind::Input, "labels")?;
         let target = if shift {
             // transformers' ForCausalLMLoss pads and shifts the labels: a new int64 tensor.

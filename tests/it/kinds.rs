@@ -551,6 +551,18 @@ fn cross_entropy() {
     check("cross_entropy", &[], 180, 99);
 }
 
+/// Segmentation: logits `[2, 5, 4, 4]` from a 1×1 conv, classes on dimension 1 as
+/// `F.cross_entropy` reads them (`nll_loss2d`): log_softmax (on dim 1) keeps its output
+/// [2, 5, 4, 4]: 640; nll_loss2d keeps the labels [2, 4, 4] (a model input) and total_weight: 4.
+/// 644, measured with PyTorch 2.15 (the conv keeps the input batch, not counted). Parameters
+/// 3·5 + 5 = 20. The labels are int64 [2, 4, 4]: 256 B of input beside the batch's
+/// 2·3·4·4·4 = 384 (640; the classes taken as the last dimension gave labels [2, 5, 4]: 704).
+#[test]
+fn cross_entropy_2d_classes_on_dim_1() {
+    let v = check("cross_entropy_2d", &[], 644, 20);
+    assert_eq!(u(&v, "input_bytes"), 640);
+}
+
 #[test]
 fn cross_entropy_shift_upcast_bfloat16() {
     // bfloat16: lm_head keeps the embeddings [2, 5, 8] bf16: 160 (the lookup keeps the batch's
