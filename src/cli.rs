@@ -117,6 +117,10 @@ pub struct Cli {
     /// Also print a per-layer table (output shape, parameters, what each layer keeps).
     #[arg(long)]
     per_layer: bool,
+    /// Also list the ten largest tensors live at the peak: the layer and ATen operator that
+    /// made each, its shape, dtype, size and category (JSON: `explain`).
+    #[arg(long)]
+    explain: bool,
     /// Head on a Hugging Face config.json: `auto` follows its `architectures`; `none` is the bare
     /// model without a loss.
     #[arg(long, value_enum, default_value_t = Head::Auto)]
@@ -223,7 +227,7 @@ impl InputSource {
 }
 
 /// How to print the report.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct OutputOpts {
     /// Table or JSON.
     pub format: OutputFormat,
@@ -231,6 +235,8 @@ pub struct OutputOpts {
     pub units: UnitSystem,
     /// Also the per-layer table.
     pub per_layer: bool,
+    /// Also the table of the largest tensors at the peak.
+    pub explain: bool,
 }
 
 /// What the command line asks for, resolved and typed.
@@ -306,6 +312,10 @@ impl Cli {
                 budget: self.budget,
                 search,
                 warnings: warning.into_iter().collect(),
+                observe: memest::sim::Observe {
+                    timeline: false,
+                    explain: self.explain,
+                },
             },
             output: OutputOpts {
                 format: self.format,
@@ -315,6 +325,7 @@ impl Cli {
                     UnitSystem::Iec
                 },
                 per_layer: self.per_layer,
+                explain: self.explain,
             },
             print_model: self.print_model,
         })

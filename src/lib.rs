@@ -74,6 +74,8 @@ pub struct Query {
     /// Warnings found while reading the flags (e.g. from [`settings::Quant::resolve`]); the
     /// report lists them first.
     pub warnings: Vec<report::Warning>,
+    /// What to record beside the figures (`--timeline`, `--explain`), at the size reported.
+    pub observe: sim::Observe,
 }
 
 /// Estimates `spec` as `query` asks: at the requested size, then, with a search, at the largest
@@ -85,7 +87,12 @@ pub struct Query {
 /// without a `"seq"` input dimension, or a search without a budget.
 pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, Error> {
     let o = &query.overrides;
-    let mut report = estimate_spec(spec, name, o, query.budget)?;
+    let observe = if query.search.is_some() {
+        sim::Observe::default()
+    } else {
+        query.observe
+    };
+    let mut report = estimate_observed(spec, name, o, query.budget, observe)?;
     if let Some(dimension) = query.search {
         let budget = query.budget.ok_or_else(|| {
             Error::setting(
@@ -104,8 +111,16 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
         };
         let found = search::max_fitting(spec, name, o, budget, dimension, start);
         let largest = found.as_ref().map(|(v, _)| *v);
-        if let Some((_, r)) = found {
+        if let Some((v, r)) = found {
             report = r;
+            if query.observe != sim::Observe::default() {
+                let mut at = o.clone();
+                match dimension {
+                    report::Dimension::Batch => at.batch = Some(v),
+                    report::Dimension::Context => at.seq = Some(v),
+                }
+                report = estimate_observed(spec, name, &at, query.budget, query.observe)?;
+            }
         }
         report.search = Some(report::SearchOutcome {
             dimension,
@@ -196,9 +211,24 @@ pub fn estimate_spec(
     overrides: &settings::Overrides,
     budget: Option<u64>,
 ) -> Result<Report, Error> {
+    estimate_observed(spec, name, overrides, budget, sim::Observe::default())
+}
+
+/// [`estimate_spec`], also recording what `observe` asks for ([`Report::timeline`],
+/// [`Report::explain`]).
+///
+/// # Errors
+/// As [`estimate_spec`].
+pub fn estimate_observed(
+    spec: &spec::ModelSpec,
+    name: &str,
+    overrides: &settings::Overrides,
+    budget: Option<u64>,
+    observe: sim::Observe,
+) -> Result<Report, Error> {
     let model = graph::build(spec, name)?;
     let settings = settings::Settings::resolve(&model.defaults, overrides)?;
     let tape = trace::trace(&model, &settings)?;
-    let sim = sim::simulate(&tape, &settings)?;
+    let sim = sim::simulate_observed(&tape, &settings, observe)?;
     Ok(Report::new(&model.name, &settings, &tape, &sim, budget))
 }

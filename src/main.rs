@@ -59,6 +59,9 @@ fn run(req: Request) -> Result<ExitCode> {
             if req.output.per_layer {
                 write!(out, "{}", memest::render::per_layer(&report, units))?;
             }
+            if req.output.explain {
+                write!(out, "{}", memest::render::explain(&report, units))?;
+            }
         }
     }
     out.flush()?;

@@ -303,6 +303,46 @@ pub fn per_layer(r: &Report, units: UnitSystem) -> String {
     format!("{table}\n")
 }
 
+/// The largest tensors live at the peak (`--explain`); empty without them.
+#[must_use]
+pub fn explain(r: &Report, units: UnitSystem) -> String {
+    let Some(tensors) = &r.explain else {
+        return String::new();
+    };
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header(vec![
+        "Live at the peak",
+        "Layer",
+        "Operator",
+        "Shape",
+        "dtype",
+        "Size",
+        "×",
+        "Total",
+        "Category",
+    ]);
+    for t in tensors {
+        table.add_row(vec![
+            t.what.clone(),
+            t.layer.clone(),
+            t.op.unwrap_or("-").to_string(),
+            t.shape.to_string(),
+            t.dtype.short().to_string(),
+            format_bytes(t.bytes, units),
+            t.count.to_string(),
+            format_bytes(t.total_bytes, units),
+            t.category.title().to_string(),
+        ]);
+    }
+    for i in 5..8 {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    format!("{table}\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

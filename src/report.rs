@@ -11,7 +11,7 @@ pub use crate::cost::{BytesPerParam, RecipeReport};
 use crate::dtype::DType;
 use crate::settings::Settings;
 use crate::shape::Shape;
-use crate::sim::{Category, Phase, Simulation};
+use crate::sim::{Category, Phase, Simulation, Timeline};
 use crate::spec::LayerKind;
 use crate::trace::{LayerId, StorageId, StorageKind, Tape};
 pub use crate::warning::Warning;
@@ -84,9 +84,77 @@ pub struct Report {
     /// the report is then at the size asked for).
     #[serde(flatten)]
     pub search: Option<SearchOutcome>,
+    /// With `--explain`: the largest tensors live at the peak, largest first (at most
+    /// [`EXPLAIN_TOP`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explain: Option<Vec<ExplainedTensor>>,
+    /// With `--timeline`: the step over time (not in the JSON).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub timeline: Option<Timeline>,
     /// Flags or settings that had no effect (left out of the JSON when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<Warning>,
+}
+
+/// How many tensors `--explain` lists.
+pub const EXPLAIN_TOP: usize = 10;
+
+/// A tensor live at the peak, or alike ones (`--explain`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ExplainedTensor {
+    /// What it is (`output`, `softmax output`, `weight`, `gradient of output`, …).
+    pub what: String,
+    /// Dotted path of the layer that made it.
+    pub layer: String,
+    /// The ATen operator that allocated it (`addmm`, `_softmax`, …); null for parameters,
+    /// buffers, the input batch and gradients.
+    pub op: Option<&'static str>,
+    /// Its shape.
+    pub shape: Shape,
+    /// Its dtype.
+    pub dtype: DType,
+    /// The size of one.
+    pub bytes: u64,
+    /// How many alike are live (the copies of a repeated block's tensor).
+    pub count: u64,
+    /// `bytes × count`, what the list is ordered by.
+    pub total_bytes: u64,
+    /// The category it counts in at the peak.
+    pub category: Category,
+}
+
+/// The [`EXPLAIN_TOP`] largest of `live`, alike tensors (same name, layer, operator, shape,
+/// dtype and category: the copies of a repeated block's) as one entry with their count,
+/// ordered by their total, then by first appearance.
+fn explained(tape: &Tape, live: &[crate::sim::LiveTensor]) -> Vec<ExplainedTensor> {
+    let mut groups: Vec<ExplainedTensor> = Vec::new();
+    let mut index: std::collections::HashMap<ExplainedTensor, usize> =
+        std::collections::HashMap::new();
+    for t in live {
+        let key = ExplainedTensor {
+            what: t.what.clone(),
+            layer: tape.layers[t.layer].path.clone(),
+            op: t.op.map(crate::trace::AtenOp::name),
+            shape: t.shape.clone(),
+            dtype: t.dtype,
+            bytes: t.bytes,
+            count: 0,
+            total_bytes: 0,
+            category: t.category,
+        };
+        let i = *index.entry(key.clone()).or_insert_with(|| {
+            groups.push(key);
+            groups.len() - 1
+        });
+        let g = &mut groups[i];
+        g.count += 1;
+        g.total_bytes = g.total_bytes.saturating_add(g.bytes);
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.total_bytes));
+    groups.truncate(EXPLAIN_TOP);
+    groups
 }
 
 /// What the budget search varies (`--max-batch`, `--max-context`).
@@ -363,6 +431,8 @@ impl Report {
             }),
             layers,
             search: None,
+            explain: sim.live_at_peak.as_ref().map(|live| explained(tape, live)),
+            timeline: sim.timeline.clone(),
             warnings: Vec::new(),
         }
     }

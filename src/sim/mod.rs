@@ -34,14 +34,16 @@ use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
 use crate::cost::OptimizerPlan;
+use crate::dtype::DType;
 use crate::error::Error;
 use crate::settings::Settings;
-use crate::trace::{LayerId, Tape};
+use crate::shape::Shape;
+use crate::trace::{AtenOp, LayerId, StorageId, Tape};
 use liveness::{Liveness, SavedBytes};
-use replay::Replay;
+use replay::{Replay, Snapshot};
 
 /// Categories of live memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
     /// Parameters.
@@ -173,6 +175,165 @@ pub struct Simulation {
     /// Optimizer-step temporaries (the `foreach` temporaries, plus the float32 copies of
     /// 16-bit gradients a `mixed-*` recipe hands the optimizer).
     pub optimizer_temp_bytes: u64,
+    /// The step over time, when [`Observe::timeline`] asked for it.
+    pub timeline: Option<Timeline>,
+    /// Every tensor live at the peak, largest first, when [`Observe::explain`] asked for it
+    /// (optimizer state, master weights and optimizer-step temporaries are not tensors of the
+    /// tape and are not listed).
+    pub live_at_peak: Option<Vec<LiveTensor>>,
+}
+
+/// What to record beside the figures (none of which it changes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observe {
+    /// The live bytes per category after every event ([`Simulation::timeline`]).
+    pub timeline: bool,
+    /// The tensors live at the peak ([`Simulation::live_at_peak`]); replays the step twice.
+    pub explain: bool,
+}
+
+/// The most points a [`Timeline`] keeps.
+pub const TIMELINE_POINTS: usize = 2000;
+
+/// The live bytes per category after one event of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimePoint {
+    /// The event's position in the step (0 is the state before the first operator).
+    pub event: usize,
+    /// Its phase.
+    pub phase: Phase,
+    /// Live bytes per category (indexed like [`Category::ALL`]); their sum is the total.
+    pub bytes: [u64; Category::COUNT],
+}
+
+impl TimePoint {
+    /// The live total (saturating).
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.bytes.iter().fold(0u64, |a, &b| a.saturating_add(b))
+    }
+}
+
+/// The step over time: one point per event (each operator in forward, each operator's backward
+/// and each recomputed operator, the optimizer step), downsampled to at most
+/// [`TIMELINE_POINTS`] by keeping each run's largest total, so the peak is always a point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timeline {
+    /// Events in the whole step (the x axis runs over `0..events`).
+    pub events: usize,
+    /// The points kept, in event order.
+    pub points: Vec<TimePoint>,
+    /// Index in `points` of the peak (its total is [`Simulation::peak_bytes`]).
+    pub peak: usize,
+    /// Each phase's first and one-past-last event, in order.
+    pub phases: Vec<(Phase, usize, usize)>,
+}
+
+impl Timeline {
+    fn new(all: Vec<TimePoint>, peak_event: usize) -> Timeline {
+        let events = all.len();
+        let mut phases: Vec<(Phase, usize, usize)> = Vec::new();
+        for p in &all {
+            match phases.last_mut() {
+                Some(last) if last.0 == p.phase => last.2 = p.event + 1,
+                _ => phases.push((p.phase, p.event, p.event + 1)),
+            }
+        }
+        let run = events.div_ceil(TIMELINE_POINTS).max(1);
+        let points: Vec<TimePoint> = all
+            .chunks(run)
+            .filter_map(|c| {
+                // The event of the peak, else the first largest total of the run.
+                c.iter()
+                    .find(|p| p.event == peak_event)
+                    .or_else(|| c.iter().rev().max_by_key(|p| p.total()))
+            })
+            .copied()
+            .collect();
+        let peak = points
+            .iter()
+            .position(|p| p.event == peak_event)
+            .unwrap_or(0);
+        Timeline {
+            events,
+            points,
+            peak,
+            phases,
+        }
+    }
+}
+
+/// A tensor live at the peak, for `--explain`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveTensor {
+    /// What it is: the storage's name (`output`, `softmax output`, `weight`, …), or
+    /// `gradient of …` for a gradient.
+    pub what: String,
+    /// The layer that made it.
+    pub layer: LayerId,
+    /// The operator that allocated it; `None` for parameters, buffers, the input batch and
+    /// gradients.
+    pub op: Option<AtenOp>,
+    /// Its shape.
+    pub shape: Shape,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its bytes.
+    pub bytes: u64,
+    /// The category it counts in at the peak.
+    pub category: Category,
+}
+
+/// The tensors of `snap`, largest first (ties in tape order).
+fn live_tensors(tape: &Tape, snap: Snapshot) -> Vec<LiveTensor> {
+    let mut made_by: std::collections::HashMap<StorageId, AtenOp> =
+        std::collections::HashMap::new();
+    for step in &tape.steps {
+        for &s in &step.allocs {
+            made_by.entry(s).or_insert(step.op);
+        }
+    }
+    let mut out: Vec<LiveTensor> = snap
+        .storages
+        .into_iter()
+        .map(|(s, category)| {
+            let st = &tape.storages[s];
+            LiveTensor {
+                what: st.what.to_string(),
+                layer: st.layer,
+                op: made_by.get(&s).copied(),
+                shape: st.shape.clone(),
+                dtype: st.dtype,
+                bytes: st.bytes,
+                category,
+            }
+        })
+        .collect();
+    let grads = snap
+        .param_grads
+        .into_iter()
+        .map(|g| (g, Category::Gradients))
+        .chain(snap.grads.into_iter().map(|g| (g, Category::Temporaries)));
+    for ((v, bytes), category) in grads {
+        let val = &tape.values[v];
+        let st = &tape.storages[val.storage];
+        out.push(LiveTensor {
+            what: if category == Category::Gradients {
+                "parameter gradient".to_string()
+            } else {
+                format!("gradient of {}", st.what)
+            },
+            layer: st.layer,
+            op: None,
+            shape: val.shape.clone(),
+            dtype: val.dtype,
+            bytes,
+            category,
+        });
+    }
+    // Stable: equal sizes stay in tape order.
+    out.sort_by_key(|t| std::cmp::Reverse(t.bytes));
+    out
 }
 
 /// Simulates one step of the traced model.
@@ -181,6 +342,19 @@ pub struct Simulation {
 /// [`Error::Overflow`] when a memory total does not fit in 64 bits, [`Error::Internal`] when a
 /// running total would go below zero (a bug).
 pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
+    simulate_observed(tape, settings, Observe::default())
+}
+
+/// [`simulate`], also recording what `observe` asks for ([`Simulation::timeline`],
+/// [`Simulation::live_at_peak`]); the figures are the same.
+///
+/// # Errors
+/// As [`simulate`].
+pub fn simulate_observed(
+    tape: &Tape,
+    settings: &Settings,
+    observe: Observe,
+) -> Result<Simulation, Error> {
     let training = settings.training();
     let facts = Liveness::of(tape);
     let saved = SavedBytes::of(tape, &facts);
@@ -196,21 +370,41 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         ),
         None => OptimizerPlan::default(),
     };
+    let param_grad = settings
+        .grad_dtype_override()
+        .map(|g| (settings.recipe.weights, g));
+    // The step's phases; returns the gradient and optimizer-temporary bytes.
+    let steps = |replay: &mut Replay| {
+        replay.start(plan.state_bytes, plan.master_bytes);
+        replay.forward(training);
+        if training {
+            let bwd = replay.backward(param_grad);
+            let temps = replay.optimizer_step(&plan, &bwd);
+            (bwd.gradient_bytes, temps)
+        } else {
+            (0, 0)
+        }
+    };
     let mut replay = Replay::new(tape, &facts);
-    replay.start(plan.state_bytes, plan.master_bytes);
-    replay.forward(training);
-    let (mut gradient_bytes, mut optimizer_temp_bytes) = (0, 0);
-    if training {
-        let param_grad = settings
-            .grad_dtype_override()
-            .map(|g| (settings.recipe.weights, g));
-        let bwd = replay.backward(param_grad);
-        gradient_bytes = bwd.gradient_bytes;
-        optimizer_temp_bytes = replay.optimizer_step(&plan, &bwd);
+    if observe.timeline {
+        replay.record();
     }
+    let (gradient_bytes, optimizer_temp_bytes) = steps(&mut replay);
     if let Some(e) = replay.error() {
         return Err(e);
     }
+    let timeline = replay
+        .points
+        .take()
+        .map(|all| Timeline::new(all, replay.peak_event));
+    let live_at_peak = if observe.explain {
+        let mut again = Replay::new(tape, &facts);
+        again.snapshot_at(replay.peak_event);
+        steps(&mut again);
+        again.snapshot.take().map(|snap| live_tensors(tape, snap))
+    } else {
+        None
+    };
     let sums = [
         saved.total,
         gradient_bytes,
@@ -238,6 +432,8 @@ pub fn simulate(tape: &Tape, settings: &Settings) -> Result<Simulation, Error> {
         optimizer_state_bytes: plan.state_bytes,
         master_weights_bytes: plan.master_bytes,
         optimizer_temp_bytes,
+        timeline,
+        live_at_peak,
     })
 }
 

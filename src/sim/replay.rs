@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use typed_index_collections::{TiVec, ti_vec};
 
 use super::liveness::{Liveness, touched};
-use super::{Category, Phase};
+use super::{Category, Phase, TimePoint};
 use crate::cost::OptimizerPlan;
 use crate::dtype::DType;
 use crate::error::Error;
@@ -39,6 +39,27 @@ pub(super) struct Replay<'a> {
     overflow: bool,
     /// A running total would have gone below zero.
     underflow: bool,
+    /// Totals recorded so far (the number of [`Replay::check`] calls): each is one event.
+    pub events: usize,
+    /// The event of the peak.
+    pub peak_event: usize,
+    /// Every event's totals, when asked for ([`Replay::record`]).
+    pub points: Option<Vec<TimePoint>>,
+    /// The event at which to take [`Replay::snapshot`], when asked for.
+    snap_at: Option<usize>,
+    /// Parameter gradients allocated so far, while a snapshot is pending.
+    param_grads: Vec<(ValueId, u64)>,
+    /// What was live at event `snap_at`.
+    pub snapshot: Option<Snapshot>,
+}
+
+/// The live set at one event: storages (with the category each counts in then), activation
+/// gradients and parameter gradients (value, bytes).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Snapshot {
+    pub storages: Vec<(StorageId, Category)>,
+    pub grads: Vec<(ValueId, u64)>,
+    pub param_grads: Vec<(ValueId, u64)>,
 }
 
 /// What the backward pass leaves for the optimizer step.
@@ -77,7 +98,53 @@ impl<'a> Replay<'a> {
             live_act_max: 0,
             overflow: false,
             underflow: false,
+            events: 0,
+            peak_event: 0,
+            points: None,
+            snap_at: None,
+            param_grads: Vec::new(),
+            snapshot: None,
         }
+    }
+
+    /// Records every event's totals in [`Replay::points`].
+    pub(super) fn record(&mut self) {
+        self.points = Some(Vec::new());
+    }
+
+    /// Takes a [`Snapshot`] of the live set at `event` (a replay of the same tape finds its
+    /// peak at the same event).
+    pub(super) fn snapshot_at(&mut self, event: usize) {
+        self.snap_at = Some(event);
+    }
+
+    /// Whether the next [`Replay::check`] is the snapshot's event.
+    fn snapshot_due(&self) -> bool {
+        self.snap_at == Some(self.events)
+    }
+
+    /// At the snapshot's event, the activation gradients live then (the backward pass holds
+    /// them).
+    fn snapshot_grads(&mut self, grads: &HashMap<ValueId, u64>) {
+        if self.snapshot_due() {
+            let mut live: Vec<(ValueId, u64)> = grads.iter().map(|(&v, &b)| (v, b)).collect();
+            live.sort_unstable();
+            self.snapshot.get_or_insert_with(Snapshot::default).grads = live;
+        }
+    }
+
+    /// Takes the snapshot of the storages and parameter gradients (activation gradients are
+    /// added by the backward pass, which holds them).
+    fn take_snapshot(&mut self) {
+        let storages = self
+            .live
+            .iter_enumerated()
+            .filter(|&(_, &l)| l)
+            .map(|(s, _)| (s, self.category(s)))
+            .collect();
+        let snap = self.snapshot.get_or_insert_with(Snapshot::default);
+        snap.storages = storages;
+        snap.param_grads.clone_from(&self.param_grads);
     }
 
     /// The first error the running totals met, if any.
@@ -153,12 +220,24 @@ impl<'a> Replay<'a> {
                 .saturating_add(self.cur[Category::Temporaries.index()]);
             self.live_act_max = self.live_act_max.max(acts);
         }
+        if let Some(points) = &mut self.points {
+            points.push(TimePoint {
+                event: self.events,
+                phase,
+                bytes: self.cur,
+            });
+        }
+        if self.snapshot_due() {
+            self.take_snapshot();
+        }
         if total > self.peak {
             self.peak = total;
             self.peak_phase = phase;
             self.peak_layer = layer;
             self.at_peak = self.cur;
+            self.peak_event = self.events;
         }
+        self.events += 1;
     }
 
     /// Before the step: parameters, buffers, the input batch and its labels, the optimizer
@@ -221,7 +300,7 @@ impl<'a> Replay<'a> {
         let temp = Category::Temporaries;
         for i in (0..tape.steps.len()).rev() {
             if let Some(&g) = seg_by_end.get(&(i + 1)) {
-                self.recompute(g);
+                self.recompute(g, &grads);
             }
             let step = &tape.steps[i];
             let mut transient = 0u64;
@@ -256,6 +335,9 @@ impl<'a> Replay<'a> {
                         has_grad[v] = true;
                         gradient_bytes = gradient_bytes.saturating_add(bytes);
                         self.add(Category::Gradients, bytes);
+                        if self.snap_at.is_some() {
+                            self.param_grads.push((v, bytes));
+                        }
                     }
                 } else if let Some(m) = moved.take() {
                     // The input's gradient is a view of the output's; when the input already has
@@ -281,6 +363,7 @@ impl<'a> Replay<'a> {
                 self.sub(temp, m);
             }
             self.add(temp, transient);
+            self.snapshot_grads(&grads);
             self.check(Phase::Backward, Some(step.layer));
             self.sub(temp, transient);
             if !step.view_grad {
@@ -321,7 +404,7 @@ impl<'a> Replay<'a> {
     /// Recomputes checkpointed segment `g`: what its own operators save stays for their
     /// backward; everything else (the recomputed block output included) is dropped after its
     /// last use inside the block.
-    fn recompute(&mut self, g: SegmentId) {
+    fn recompute(&mut self, g: SegmentId, grads: &HashMap<ValueId, u64>) {
         let (tape, facts) = (self.tape, self.facts);
         let seg = &tape.segments[g];
         let kept: HashSet<StorageId> = tape.steps[seg.start..seg.end]
@@ -342,6 +425,7 @@ impl<'a> Replay<'a> {
                     replayed.push(s);
                 }
             }
+            self.snapshot_grads(grads);
             self.check(Phase::Backward, Some(step.layer));
             for &s in &replayed {
                 let last = facts.last_use[s].min(seg.end - 1);

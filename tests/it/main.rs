@@ -25,6 +25,7 @@ mod hf;
 mod kinds;
 mod llm;
 mod optim;
+mod outputs;
 mod properties;
 mod reference;
 mod schema;

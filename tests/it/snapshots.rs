@@ -151,6 +151,8 @@ mod flags {
         resnet50_batch32_adam => [RESNET50, "--batch", "32", "--optim", "adam"],
         resnet50_batch32_adam_json => [RESNET50, "--batch", "32", "--optim", "adam", "--format", "json"],
         mlp_per_layer => [MLP, "--per-layer"],
+        mlp_explain => [MLP, "--explain"],
+        gpt2_explain => [GPT2, "--batch", "4", "--explain"],
         // the file's aliases work on the command line too
         mlp_optim_adam8bit_alias => [MLP, "--optim", "adam8bit"],
         gpt2_attention_sdpa_alias => [GPT2, "--attention", "SDPA", "--mode", "eval"],
