@@ -227,6 +227,9 @@ fn build_layers(
     } else {
         format!("{} > ", parent.label)
     };
+    // The names the block's layers are given, looked up once per unnamed layer (a set, so that
+    // naming stays linear in the number of layers).
+    let given: HashSet<&str> = specs.iter().filter_map(|l| l.name.as_deref()).collect();
     for (i, spec) in specs.iter().enumerate() {
         let mut positions = parent.positions.clone();
         positions.push(i + 1);
@@ -234,7 +237,7 @@ fn build_layers(
         // block's layers are given.
         let name = spec.name.clone().unwrap_or_else(|| {
             let base = format!("{}{}", spec.kind, i + 1);
-            let taken = |n: &str| specs.iter().any(|l| l.name.as_deref() == Some(n));
+            let taken = |n: &str| given.contains(n);
             let mut name = base.clone();
             let mut k = 2;
             while taken(&name) {
