@@ -193,13 +193,10 @@ impl InputSource {
     pub fn read(&self) -> Result<Input> {
         match self {
             InputSource::Stdin => {
-                let mut src = String::new();
                 if io::stdin().is_terminal() {
                     eprintln!("memest: reading the model description from standard input");
                 }
-                io::stdin()
-                    .read_to_string(&mut src)
-                    .context("failed to read standard input")?;
+                let src = read_bounded(io::stdin().lock(), "standard input")?;
                 let format = Format::sniff(&src);
                 Ok(Input {
                     src,
@@ -209,8 +206,10 @@ impl InputSource {
                 })
             }
             InputSource::Path(path) => {
-                let src = std::fs::read_to_string(path)
-                    .with_context(|| format!("failed to read {}", path.display()))?;
+                let what = path.display().to_string();
+                let file =
+                    std::fs::File::open(path).with_context(|| format!("failed to read {what}"))?;
+                let src = read_bounded(file, &what)?;
                 let format = Format::from_extension(path).unwrap_or_else(|| Format::sniff(&src));
                 let name = path
                     .file_stem()
@@ -224,6 +223,33 @@ impl InputSource {
             }
         }
     }
+}
+
+/// Reads at most [`memest::MAX_INPUT_BYTES`] bytes of UTF-8 text from `reader` (`what` names it
+/// in errors): a larger input is refused after reading one byte past the limit, so that
+/// `/dev/zero` or an endless pipe cannot exhaust memory or run forever.
+///
+/// # Errors
+/// When reading fails, the input is over the limit, or it is not UTF-8.
+fn read_bounded(reader: impl Read, what: &str) -> Result<String> {
+    let limit = memest::MAX_INPUT_BYTES;
+    let mut bytes = Vec::new();
+    reader
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("failed to read {what}"))?;
+    if bytes.len() as u64 > limit {
+        anyhow::bail!(
+            "{what} is larger than {} MiB ({limit} bytes), the most memest reads as a model description",
+            limit >> 20
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{what} is not UTF-8 text (invalid byte at offset {}): a model description is TOML or JSON",
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// How to print the report.
@@ -389,5 +415,17 @@ mod tests {
         assert_eq!(r.query.overrides.mode, Some(Mode::Infer));
         assert_eq!(r.query.search, Some(Dimension::Context));
         assert_eq!(r.query.budget, Some(1 << 30));
+    }
+
+    #[test]
+    fn input_is_read_up_to_the_limit() {
+        let limit = usize::try_from(memest::MAX_INPUT_BYTES).unwrap();
+        let at_limit = vec![b' '; limit];
+        assert_eq!(read_bounded(&at_limit[..], "x").unwrap().len(), limit);
+        let over = vec![b' '; limit + 1];
+        let err = read_bounded(&over[..], "x").unwrap_err().to_string();
+        assert!(err.starts_with("x is larger than 64 MiB"), "{err}");
+        let err = read_bounded(&b"ab\xffc"[..], "x").unwrap_err().to_string();
+        assert!(err.contains("invalid byte at offset 2"), "{err}");
     }
 }

@@ -91,6 +91,19 @@ pub enum LayerErrorKind {
         /// The key's value.
         expected: u64,
     },
+    /// A repeated block traces to more operators than [`crate::trace::MAX_STEPS`], estimated
+    /// from its first copy before the others are traced.
+    TooManyOperators {
+        /// The key its copy count comes from: `count`, or a Hugging Face config's field
+        /// (`num_hidden_layers`).
+        key: &'static str,
+        /// The copy count.
+        count: u64,
+        /// Operators traced by one copy.
+        per_copy: u64,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for LayerErrorKind {
@@ -111,6 +124,15 @@ impl fmt::Display for LayerErrorKind {
             } => write!(
                 f,
                 "input {input} has {got} {what}, expected {key} = {expected}"
+            ),
+            LayerErrorKind::TooManyOperators {
+                key,
+                count,
+                per_copy,
+                limit,
+            } => write!(
+                f,
+                "{count} copies (`{key}`) of {per_copy} operators each are more than the {limit} operators memest traces; lower `{key}`"
             ),
         }
     }
@@ -276,12 +298,31 @@ impl std::error::Error for Located {}
 /// similarity (1 − edits / longer length, a transposition counting as one edit).
 const MIN_SIMILARITY: f64 = 0.6;
 
+/// The longest word (in characters) [`nearest`] looks for a suggestion for: longer words are not
+/// typos of a key, kind or layer name, and comparing them costs seconds.
+pub const MAX_SUGGESTED_LEN: usize = 64;
+
 /// The candidate most like `word` (the first of equals), if it is close enough to be a likely
 /// typo: at most 2 edits in 5 characters, 4 in 10 (see `MIN_SIMILARITY`).
+/// Words longer than [`MAX_SUGGESTED_LEN`] characters get no suggestion (the comparison costs
+/// the product of the two lengths).
 #[must_use]
 pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let len = word.chars().count();
+    if len > MAX_SUGGESTED_LEN {
+        return None;
+    }
     let mut best: Option<(f64, &'a str)> = None;
     for &c in candidates {
+        // The edit distance is at least the difference of the lengths, so a candidate whose
+        // length ratio is under the threshold (with a character to spare against rounding)
+        // cannot be close enough: skipped before the quadratic comparison.
+        let c_len = c.chars().count();
+        let (short, long) = (len.min(c_len), len.max(c_len));
+        #[allow(clippy::cast_precision_loss)] // lengths of at most a few million characters
+        if (short as f64) + 1.0 < MIN_SIMILARITY * long as f64 {
+            continue;
+        }
         let score = strsim::normalized_damerau_levenshtein(word, c);
         if score >= MIN_SIMILARITY && best.is_none_or(|(b, _)| score > b) {
             best = Some((score, c));
@@ -308,6 +349,15 @@ mod tests {
             "the first of equals"
         );
         assert_eq!(nearest("stide", &["stride", "kernel"]), Some("stride"));
+        // Long words get no suggestion, and long candidates are skipped unread.
+        let long = "a".repeat(1 << 20);
+        assert_eq!(nearest(&long, &["linear"]), None);
+        assert_eq!(
+            nearest("lienar", &[long.as_str(), "linear"]),
+            Some("linear")
+        );
+        // The length filter drops only candidates that could not reach the threshold.
+        assert_eq!(nearest("abc", &["abcde"]), Some("abcde")); // 3/5 = 0.6
     }
 
     #[test]

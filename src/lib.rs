@@ -47,6 +47,11 @@ pub mod warning;
 pub use error::{Error, Located};
 pub use report::Report;
 
+/// The largest model description the `memest` binary reads, in bytes (64 MiB): a file or
+/// standard input over it is refused before it is read whole. The largest real descriptions
+/// (a Hugging Face `config.json`, a flat TOML file of 100,000 layers) are a few MiB.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
 /// `error` as found in `origin`, whose text is `src`: a layer error in a TOML description also
 /// gets the line and column where the layer starts.
 #[must_use]

@@ -193,6 +193,73 @@ fn non_utf8_file() {
 }
 
 #[test]
+fn endless_file_is_refused_at_the_size_limit() {
+    // `/dev/zero` never ends: memest stops one byte past its 64 MiB limit.
+    let err = fails(&["/dev/zero"]);
+    assert_has(&err, &["/dev/zero is larger than 64 MiB (67108864 bytes)"]);
+}
+
+#[test]
+fn stdin_over_the_size_limit_is_refused() {
+    let big = " ".repeat((64 << 20) + 1);
+    let err = check_failure(&memest_stdin(&["-"], &big));
+    assert_has(&err, &["standard input is larger than 64 MiB"]);
+}
+
+#[test]
+fn a_huge_name_gets_no_suggestion_quickly() {
+    // Comparing a megabyte-long name with each candidate used to take seconds.
+    let name = "x".repeat(1 << 20);
+    let src = format!("[input]\nshape = [4]\n[[layers]]\nkind = \"{name}\"\n");
+    let start = std::time::Instant::now();
+    let err = check_failure(&memest_stdin(&["-"], &src));
+    assert!(
+        err.contains("unknown") && !err.contains("did you mean"),
+        "{err:.200}"
+    );
+    assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+}
+
+#[test]
+fn operator_cap_is_checked_before_unrolling() {
+    // A 182-byte file with a billion copies: refused from the first copy's operator count, at
+    // once and without allocating the others (it used to take 1.3 GB first), with or without a
+    // search.
+    let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 1000000000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
+    let m = TempModel::new("toml", src);
+    for extra in [&[][..], &["--budget", "80GB", "--max-batch"]] {
+        let mut args = vec![m.arg()];
+        args.extend_from_slice(extra);
+        let start = std::time::Instant::now();
+        let err = fails(&args);
+        assert_has(
+            &err,
+            &[
+                ":3:1: layer #1 \"repeat1\" (repeat): 1000000000 copies (`count`) of 3 operators each",
+                "more than the 2000000 operators memest traces; lower `count`",
+            ],
+        );
+        assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+    }
+}
+
+#[test]
+fn operator_cap_names_the_hugging_face_field() {
+    let src = std::fs::read_to_string(crate::common::path("examples/hf/llama_tiny.json"))
+        .unwrap()
+        .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 100000");
+    let m = TempModel::new("json", &src);
+    let err = fails(&[m.arg(), "--seq", "16"]);
+    assert_has(
+        &err,
+        &[
+            "100000 copies (`num_hidden_layers`) of",
+            "lower `num_hidden_layers`",
+        ],
+    );
+}
+
+#[test]
 fn unknown_input_name_gets_a_hint() {
     let err = fixture_fails("unknown_input.toml", &[]);
     assert_has(
