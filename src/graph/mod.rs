@@ -92,6 +92,9 @@ pub enum Node {
     Repeat {
         /// Number of copies.
         count: u64,
+        /// The key `count` was read from, for errors: `count`, or the Hugging Face config field
+        /// it was translated from (`num_hidden_layers`).
+        count_key: &'static str,
         /// The layers of one copy.
         body: Vec<Layer>,
     },
@@ -299,7 +302,11 @@ fn build_layers(
                 ));
             }
             let body = build_layers(body_specs, &label, scopes, trainable)?;
-            Node::Repeat { count, body }
+            Node::Repeat {
+                count,
+                count_key: spec.count_key.unwrap_or("count"),
+                body,
+            }
         } else {
             Node::Op(build_op(spec, &name).map_err(&fail)?)
         };

@@ -91,7 +91,10 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
     let prev = push_dropout(&mut body, "output.dropout", hidden_p, prev);
     push(&mut body, add("output.residual", &attn_ln, &prev));
     push(&mut body, layernorm("output.LayerNorm"));
-    push(&mut out, repeat(&p("encoder.layer"), n_layers, body));
+    push(
+        &mut out,
+        repeat(&p("encoder.layer"), "num_hidden_layers", n_layers, body),
+    );
 
     let pooler = |out: &mut Vec<LayerSpec>| {
         push(

@@ -385,6 +385,7 @@ pub(super) fn decoder(
             &mut out,
             repeat(
                 &run_name(&p("layers"), all_runs.len(), *first, *count),
+                "num_hidden_layers",
                 *count,
                 body,
             ),

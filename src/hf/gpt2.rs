@@ -64,7 +64,7 @@ pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
     let prev = push(&mut body, linear("mlp.c_proj", hidden, true));
     let prev = push_dropout(&mut body, "mlp.dropout", resid_p, prev);
     push(&mut body, add("residual2", &residual1, &prev));
-    push(&mut out, repeat(&p("h"), n_layers, body));
+    push(&mut out, repeat(&p("h"), "n_layer", n_layers, body));
     push(&mut out, layernorm(&p("ln_f")));
     causal_head(&mut out, cfg, head, vocab, tie.then_some(wte.as_str()))?;
     Ok((out, positions))

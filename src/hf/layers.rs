@@ -74,9 +74,12 @@ pub(super) fn cross_entropy(shift: bool, upcast: bool) -> LayerSpec {
     }
 }
 
-pub(super) fn repeat(name: &str, count: u64, body: Vec<LayerSpec>) -> LayerSpec {
+/// A `repeat` of `count` copies of `body`; `key` is the config field the count comes from
+/// (errors name it).
+pub(super) fn repeat(name: &str, key: &'static str, count: u64, body: Vec<LayerSpec>) -> LayerSpec {
     LayerSpec {
         count: Some(count),
+        count_key: Some(key),
         layers: Some(body),
         ..layer(K::Repeat, name)
     }

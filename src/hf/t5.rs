@@ -118,7 +118,10 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     let mut body = Vec::new();
     let r = self_attn(&mut body, false);
     ff(&mut body, 1, &r)?;
-    push(&mut out, repeat("encoder.block", enc_layers, body));
+    push(
+        &mut out,
+        repeat("encoder.block", "num_layers", enc_layers, body),
+    );
     let prev = push(&mut out, t5_norm("encoder.final_layer_norm"));
     let encoder_out = push_dropout(&mut out, "encoder.dropout.final", p_drop, prev);
     // Decoder, on the labels shifted right.
@@ -158,7 +161,19 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     let prev = push_dropout(&mut body, "layer.1.dropout", p_drop, prev);
     let r = push(&mut body, add("layer.1.residual", &r, &prev));
     ff(&mut body, 2, &r)?;
-    push(&mut out, repeat("decoder.block", dec_layers, body));
+    push(
+        &mut out,
+        repeat(
+            "decoder.block",
+            if c.num_decoder_layers.is_some() {
+                "num_decoder_layers"
+            } else {
+                "num_layers"
+            },
+            dec_layers,
+            body,
+        ),
+    );
     let prev = push(&mut out, t5_norm("decoder.final_layer_norm"));
     push_dropout(&mut out, "decoder.dropout.final", p_drop, prev);
     match head {

@@ -22,6 +22,11 @@ pub struct LayerSpec {
     // repeat
     #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// Where `count` comes from when it was not written as `count`: the Hugging Face config
+    /// field (`num_hidden_layers`), so that errors name what the user wrote. Never read from or
+    /// written to a file.
+    #[serde(skip)]
+    pub count_key: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<Vec<LayerSpec>>,
     // linear / embeddings

@@ -418,12 +418,38 @@ impl Tracer<'_> {
                     self.tape.layers[self.cur_layer].output_shape = self.val(out).shape.clone();
                     out
                 }
-                Node::Repeat { count, body } => {
+                Node::Repeat {
+                    count,
+                    count_key,
+                    body,
+                } => {
                     self.enter_layer(layer, &path, repeat);
                     let copies =
                         checked(repeat.checked_mul(*count), "the number of repeated copies")?;
                     let mut x = inputs[0];
+                    let first_step = self.tape.steps.len();
                     for copy in 0..*count {
+                        if copy == 1 {
+                            // Every copy traces the same operators: refuse before tracing the
+                            // others when they would pass the cap.
+                            let per_copy = self.tape.steps.len() - first_step;
+                            let total = u64::try_from(per_copy)
+                                .ok()
+                                .and_then(|p| p.checked_mul(*count))
+                                .and_then(|t| t.checked_add(first_step as u64));
+                            if total.is_none_or(|t| t > MAX_STEPS as u64) {
+                                self.label.clone_from(&layer.label);
+                                return Err(Error::layer(
+                                    self.label.clone(),
+                                    LayerErrorKind::TooManyOperators {
+                                        key: count_key,
+                                        count: *count,
+                                        per_copy: per_copy as u64,
+                                        limit: MAX_STEPS,
+                                    },
+                                ));
+                            }
+                        }
                         if self.tape.steps.len() > MAX_STEPS {
                             self.label.clone_from(&layer.label);
                             return Err(self.err(format!("the model traces to more than {MAX_STEPS} operators after repeating blocks; lower `count`")));
