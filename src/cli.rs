@@ -81,9 +81,14 @@ pub struct Cli {
     /// With --budget: find the largest micro-batch that fits, and report at it.
     #[arg(long, requires = "budget", conflicts_with = "max_context")]
     max_batch: bool,
-    /// With --budget: find the longest context (sequence length) that fits, and report at it.
+    /// With --budget: find the longest context (sequence length) that fits, and report at it;
+    /// it stops at the model's max_position_embeddings unless --allow-long-context.
     #[arg(long, requires = "budget")]
     max_context: bool,
+    /// A sequence past the model's max_position_embeddings neither warns nor stops
+    /// --max-context (for long-context fine-tuning or RoPE scaling).
+    #[arg(long)]
+    allow_long_context: bool,
     /// Training step or inference forward pass.
     #[arg(long, value_parser = VocabParser::<Mode>::new())]
     mode: Option<Mode>,
@@ -342,6 +347,7 @@ impl Cli {
                     timeline: false,
                     explain: self.explain,
                 },
+                allow_long_context: self.allow_long_context,
             },
             output: OutputOpts {
                 format: self.format,

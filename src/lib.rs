@@ -81,6 +81,9 @@ pub struct Query {
     pub warnings: Vec<report::Warning>,
     /// What to record beside the figures (`--timeline`, `--explain`), at the size reported.
     pub observe: sim::Observe,
+    /// `--allow-long-context`: a sequence past the model's `max_positions` neither warns nor
+    /// bounds `--max-context`.
+    pub allow_long_context: bool,
 }
 
 /// Estimates `spec` as `query` asks: at the requested size, then, with a search, at the largest
@@ -98,6 +101,7 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
         query.observe
     };
     let mut report = estimate_observed(spec, name, o, query.budget, observe)?;
+    let mut search_warnings = Vec::new();
     if let Some(dimension) = query.search {
         let budget = query.budget.ok_or_else(|| {
             Error::setting(
@@ -115,7 +119,7 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
             })?,
         };
         let found = search::max_fitting(spec, name, o, budget, dimension, start);
-        let largest = found.as_ref().map(|(v, _)| *v);
+        let mut largest = found.as_ref().map(|(v, _)| *v);
         if let Some((v, r)) = found {
             report = r;
             if query.observe != sim::Observe::default() {
@@ -127,6 +131,23 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
                 report = estimate_observed(spec, name, &at, query.budget, query.observe)?;
             }
         }
+        // The search is bounded by the budget alone; the model's trained context caps it after.
+        if dimension == report::Dimension::Context
+            && !query.allow_long_context
+            && let (Some(limit), Some(fits)) = (spec.max_positions, largest)
+            && fits > limit
+        {
+            let at_limit = settings::Overrides {
+                seq: Some(limit),
+                ..o.clone()
+            };
+            report = estimate_observed(spec, name, &at_limit, Some(budget), query.observe)?;
+            largest = Some(limit);
+            search_warnings.push(report::Warning::ContextCappedAtMaxPositions {
+                max_positions: limit,
+                fits,
+            });
+        }
         report.search = Some(report::SearchOutcome {
             dimension,
             budget_bytes: budget,
@@ -134,6 +155,15 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
         });
     }
     report.warnings.clone_from(&query.warnings);
+    report.warnings.extend(search_warnings);
+    if let (Some(seq), Some(max_positions)) = (report.settings.seq, spec.max_positions)
+        && seq > max_positions
+        && !query.allow_long_context
+    {
+        report
+            .warnings
+            .push(report::Warning::SeqPastMaxPositions { seq, max_positions });
+    }
     if o.seq.is_some() && !spec.input.shape.contains(&spec::DimSpec::Seq) {
         report.warnings.insert(0, report::Warning::SeqWithoutSeqDim);
     }

@@ -61,6 +61,12 @@ pub struct ModelSpec {
     /// Free text, ignored by the estimator.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The longest sequence the model was trained for (a Hugging Face config's
+    /// `max_position_embeddings`): a longer `--seq`/`--context` warns, and `--max-context` stops
+    /// there unless `--allow-long-context`. A learned position table (`position_embedding`) cannot
+    /// go past its `num_positions` at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_positions: Option<u64>,
     /// The model's input, per sample (no batch dimension).
     pub input: InputSpec,
     /// Defaults for the run settings; command-line flags override them.

@@ -15,6 +15,22 @@ pub enum Warning {
     QuantFlagsWithoutQuant,
     /// `--checkpoint` on a model without repeated blocks.
     CheckpointWithoutBlocks,
+    /// A sequence longer than the model was trained for (`max_positions`, a config's
+    /// `max_position_embeddings`), without `--allow-long-context`.
+    SeqPastMaxPositions {
+        /// The sequence length estimated.
+        seq: u64,
+        /// The model's trained limit.
+        max_positions: u64,
+    },
+    /// `--max-context` stopped at the model's `max_positions` although a longer context fits
+    /// the budget (`--allow-long-context` searches past it).
+    ContextCappedAtMaxPositions {
+        /// The model's trained limit, the context reported.
+        max_positions: u64,
+        /// The longest context that fits the budget.
+        fits: u64,
+    },
 }
 
 impl Warning {
@@ -31,6 +47,15 @@ impl Warning {
             Warning::CheckpointWithoutBlocks => {
                 format!("--checkpoint has no effect: {origin} has no repeated blocks to checkpoint")
             }
+            Warning::SeqPastMaxPositions { seq, max_positions } => format!(
+                "sequence length {seq} is past the {max_positions} positions {origin} was trained for (max_position_embeddings); --allow-long-context silences this"
+            ),
+            Warning::ContextCappedAtMaxPositions {
+                max_positions,
+                fits,
+            } => format!(
+                "--max-context stopped at the {max_positions} positions {origin} was trained for (max_position_embeddings); {fits} tokens would fit the budget (--allow-long-context searches past the limit)"
+            ),
         }
     }
 }

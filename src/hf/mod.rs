@@ -325,9 +325,12 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         "{} (model_type {model_type}) from a Hugging Face config, as transformers 5 builds it: {head_name}",
         arch.as_deref().unwrap_or("no architectures")
     );
+    // Relative position buckets (T5) have no trained limit; RoPE and learned tables do.
+    let max_positions = (!matches!(family, Family::T5)).then_some(seq);
     Ok(ModelSpec {
         name: None,
         description: Some(description),
+        max_positions,
         input: InputSpec {
             shape: vec![DimSpec::Seq],
             dtype: Some(DType::Int64),

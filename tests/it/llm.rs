@@ -114,6 +114,7 @@ fn max_context_is_the_largest_that_fits() {
         "infer",
         "--budget",
         "24GiB",
+        "--allow-long-context",
     ];
     let r = report(&[&base[..], &["--max-context"]].concat());
     let n = u(&r, "max_context");
@@ -340,4 +341,50 @@ fn inference_activation_figures_leave_the_kv_cache_out() {
         "{}",
         crate::common::stdout(&out)
     );
+}
+
+/// Llama-3-8B was trained for 8,192 positions (`max_position_embeddings`): `--max-context` on
+/// 24 GiB stops there with a warning that 24,500 tokens would fit; `--allow-long-context`
+/// searches past it. A `--seq` past the limit warns; learned position tables refuse it.
+#[test]
+fn context_past_max_position_embeddings() {
+    let args = [
+        "examples/hf/llama-3-8b.json",
+        "--mode",
+        "infer",
+        "--budget",
+        "24GiB",
+        "--max-context",
+        "--format",
+        "json",
+    ];
+    let out = memest(&args);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        stderr(&out),
+        "warning: --max-context stopped at the 8192 positions examples/hf/llama-3-8b.json was \
+         trained for (max_position_embeddings); 24500 tokens would fit the budget \
+         (--allow-long-context searches past the limit)\n"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(u(&r, "max_context"), 8192);
+    assert_eq!(
+        r["warnings"],
+        serde_json::json!([{"context_capped_at_max_positions": {"max_positions": 8192, "fits": 24_500}}])
+    );
+    let r = report(&[&args[..6], &["--allow-long-context"]].concat());
+    assert_eq!(u(&r, "max_context"), 24_500);
+    assert!(r.get("warnings").is_none());
+
+    let out = memest(&["examples/hf/llama-3-8b.json", "--seq", "10000"]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        stderr(&out),
+        "warning: sequence length 10000 is past the 8192 positions examples/hf/llama-3-8b.json \
+         was trained for (max_position_embeddings); --allow-long-context silences this\n"
+    );
+    // GPT-2's learned position table has 1,024 rows: 1,025 is an error.
+    let out = memest(&["examples/hf/gpt2.json", "--seq", "1025"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("sequence length 1025 exceeds num_positions = 1024"));
 }
