@@ -1,7 +1,7 @@
 //! The command line: clap's flags and their translation into a typed [`Request`].
 
 use std::io::{self, IsTerminal, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
@@ -216,9 +216,7 @@ impl InputSource {
                     std::fs::File::open(path).with_context(|| format!("failed to read {what}"))?;
                 let src = read_bounded(file, &what)?;
                 let format = Format::from_extension(path).unwrap_or_else(|| Format::sniff(&src));
-                let name = path
-                    .file_stem()
-                    .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+                let name = model_name(path, &src);
                 Ok(Input {
                     src,
                     origin: path.display().to_string(),
@@ -227,6 +225,36 @@ impl InputSource {
                 })
             }
         }
+    }
+}
+
+/// The model's name when the file gives none: the file name without its extension, except for a
+/// downloaded `config.json`, named by its `_name_or_path` ([`memest::hf::name_or_path`]) or its
+/// folder (`models--org--name/snapshots/<hash>/config.json` in the Hugging Face cache is
+/// `org/name`).
+fn model_name(path: &Path, src: &str) -> String {
+    let stem = path
+        .file_stem()
+        .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+    if stem != "config" {
+        return stem;
+    }
+    if let Some(name) = memest::hf::name_or_path(src) {
+        return name;
+    }
+    let folders: Vec<String> = std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    match folders.as_slice() {
+        [_, snapshots, repo, ..] if snapshots == "snapshots" && repo.starts_with("models--") => {
+            repo["models--".len()..].replace("--", "/")
+        }
+        [folder, ..] => folder.clone(),
+        [] => stem,
     }
 }
 

@@ -16,6 +16,7 @@
 //! them from its row; `gpt2.rs`, `bert.rs` and `t5.rs` build the three other families;
 //! `config.rs` reads the config's fields with serde; `layers.rs` has the layer constructors.
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::dtype::DType;
@@ -245,6 +246,29 @@ pub fn python_json(text: &str) -> Option<String> {
         rest = &rest[c.len_utf8()..];
     }
     replaced.then_some(out)
+}
+
+/// The model a Hugging Face config names in `_name_or_path` (what `save_pretrained` writes:
+/// `meta-llama/Llama-2-7b-hf`, or a local folder, of which the last part is kept); `None` when
+/// the text is not a JSON object or the key is missing or empty.
+#[must_use]
+pub fn name_or_path(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Named {
+        #[serde(rename = "_name_or_path")]
+        name_or_path: Option<String>,
+    }
+    let named: Named = serde_json::from_str(text)
+        .ok()
+        .or_else(|| serde_json::from_str(&python_json(text)?).ok())?;
+    let name = named.name_or_path?;
+    let name = name.trim().trim_end_matches(['/', '\\']);
+    let name = if name.starts_with(['/', '.', '~']) || name.contains('\\') {
+        name.rsplit(['/', '\\']).next().unwrap_or(name)
+    } else {
+        name
+    };
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// An import error about `field` of a config whose `model_type` is not known yet.

@@ -572,3 +572,38 @@ fn config_with_python_nan_and_infinity_is_read() {
     let r = report(&[m.arg()]);
     assert_eq!(u(&r, "param_count"), 6_738_415_616);
 }
+
+/// A downloaded `config.json` is named by its `_name_or_path`, else by its folder (the Hugging
+/// Face cache's `models--org--name/snapshots/<hash>/` is `org/name`), not "config".
+#[test]
+fn a_downloaded_config_is_named_by_its_model() {
+    let with_name = std::fs::read_to_string(path("examples/hf/llama-2-7b.json")).unwrap();
+    let without: String = with_name
+        .lines()
+        .filter(|l| !l.contains("_name_or_path"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join(
+        "models--meta-llama--Llama-2-7b-hf/snapshots/8cca527612d856d7d32bd94f8103728d614eb852",
+    );
+    let plain = dir.path().join("my-llama");
+    for (folder, text) in [
+        (&cache, &without),
+        (&plain, &without),
+        (&dir.path().to_path_buf(), &with_name),
+    ] {
+        std::fs::create_dir_all(folder).unwrap();
+        std::fs::write(folder.join("config.json"), text).unwrap();
+    }
+    let name = |folder: &std::path::Path| {
+        let file = folder.join("config.json");
+        report(&[file.to_str().unwrap()])["model"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(name(dir.path()), "meta-llama/Llama-2-7b-hf");
+    assert_eq!(name(&cache), "meta-llama/Llama-2-7b-hf");
+    assert_eq!(name(&plain), "my-llama");
+}
