@@ -13,6 +13,7 @@ use memest::hf::Head;
 use memest::report::Dimension;
 use memest::settings::{Lora, Overrides};
 use memest::spec::Format;
+use memest::sweep::Sweep;
 use memest::units::{UnitSystem, parse_size};
 use memest::vocab::{AttentionImpl, Device, Mode, VocabParser};
 
@@ -122,6 +123,16 @@ pub struct Cli {
     /// Also print a per-layer table (output shape, parameters, what each layer keeps).
     #[arg(long)]
     per_layer: bool,
+    /// One estimate per value of the micro-batch or sequence length: batch=1,2,4,8, batch=1..64
+    /// (doubling), seq=128..1024:128 (stepping); at most 64 values. One row per value in every
+    /// format.
+    #[arg(
+        long,
+        value_name = "DIM=VALUES",
+        value_parser = parse_sweep,
+        conflicts_with_all = ["max_batch", "max_context", "per_layer", "explain"]
+    )]
+    sweep: Option<Sweep>,
     /// Also list the ten largest tensors live at the peak: the layer and ATen operator that
     /// made each, its shape, dtype, size and category (JSON: `explain`).
     #[arg(long)]
@@ -143,6 +154,10 @@ pub enum OutputFormat {
     Table,
     // One JSON object, described by `schema/report.schema.json`.
     Json,
+    // GitHub-flavoured markdown (a pull-request comment).
+    Markdown,
+    // A header row and one row per estimate.
+    Csv,
 }
 
 /// A `--dtype` value: a float dtype for the whole model, or a weight quantization.
@@ -162,6 +177,11 @@ fn parse_dtype_arg(s: &str) -> Result<DtypeArg, String> {
 fn parse_dtype(s: &str) -> Result<DType, String> {
     s.parse()
         .map_err(|e: memest::dtype::DTypeParseError| e.to_string())
+}
+
+fn parse_sweep(s: &str) -> Result<Sweep, String> {
+    s.parse()
+        .map_err(|e: memest::sweep::SweepError| e.to_string())
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -311,6 +331,8 @@ pub struct Request {
     pub output: OutputOpts,
     /// `--print-model`: print the description as TOML instead of estimating.
     pub print_model: bool,
+    /// `--sweep`: one estimate per value.
+    pub sweep: Option<Sweep>,
 }
 
 impl Cli {
@@ -319,6 +341,23 @@ impl Cli {
     /// # Errors
     /// None today; flag combinations clap cannot check will be reported here.
     pub fn into_request(self) -> Result<Request> {
+        if let Some(sweep) = &self.sweep {
+            let given = match sweep.dimension {
+                Dimension::Batch => self.batch.is_some(),
+                Dimension::Context => self.seq.is_some() || self.context.is_some(),
+            };
+            if given {
+                anyhow::bail!(
+                    "--sweep {}=… sets the {} itself: drop --{}",
+                    sweep.name(),
+                    sweep.name(),
+                    match sweep.dimension {
+                        Dimension::Batch => "batch",
+                        Dimension::Context => "seq/--context",
+                    }
+                );
+            }
+        }
         let (dtype, base_quant) = match self.dtype {
             None => (None, None),
             Some(DtypeArg::Float(d)) => (Some(d), None),
@@ -388,6 +427,7 @@ impl Cli {
                 explain: self.explain,
             },
             print_model: self.print_model,
+            sweep: self.sweep,
         })
     }
 }

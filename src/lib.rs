@@ -39,6 +39,7 @@ pub mod settings;
 pub mod shape;
 pub mod sim;
 pub mod spec;
+pub mod sweep;
 pub mod trace;
 pub mod units;
 pub mod vocab;
@@ -178,6 +179,38 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
             .push(report::Warning::CheckpointWithoutBlocks);
     }
     Ok(report)
+}
+
+/// Estimates `spec` once per value of `sweep`, each as [`run`] with that value as the micro-batch
+/// or the sequence length (and no budget search).
+///
+/// # Errors
+/// As [`run`], for the first value that fails.
+pub fn run_sweep(
+    spec: &spec::ModelSpec,
+    name: &str,
+    query: &Query,
+    sweep: &sweep::Sweep,
+) -> Result<report::SweepReport, Error> {
+    let reports = sweep
+        .values
+        .iter()
+        .map(|&v| {
+            let mut q = query.clone();
+            q.search = None;
+            q.observe = sim::Observe::default();
+            match sweep.dimension {
+                report::Dimension::Batch => q.overrides.batch = Some(v),
+                report::Dimension::Context => q.overrides.seq = Some(v),
+            }
+            run(spec, name, &q)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(report::SweepReport {
+        dimension: sweep.name(),
+        values: sweep.values.clone(),
+        sweep: reports,
+    })
 }
 
 /// Parses, traces and simulates a model description in one call.

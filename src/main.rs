@@ -44,6 +44,10 @@ fn run(req: Request) -> Result<ExitCode> {
         out.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(sweep) = &req.sweep {
+        let swept = memest::run_sweep(&spec, &input.name, &req.query, sweep).map_err(located)?;
+        return print_sweep(&mut out, &swept, sweep, origin, &req.output);
+    }
     let report = memest::run(&spec, &input.name, &req.query).map_err(located)?;
     for w in &report.warnings {
         eprintln!("warning: {}", w.message(origin));
@@ -53,6 +57,16 @@ fn run(req: Request) -> Result<ExitCode> {
         OutputFormat::Json => {
             let text = report.to_json().context("failed to serialize the report")?;
             writeln!(out, "{text}")?;
+        }
+        OutputFormat::Markdown => {
+            write!(out, "{}", memest::render::markdown::summary(&report, units))?;
+        }
+        OutputFormat::Csv => {
+            write!(
+                out,
+                "{}",
+                memest::render::csv::rows(std::slice::from_ref(&report))
+            )?;
         }
         OutputFormat::Table => {
             write!(out, "{}", memest::render::summary(&report, units))?;
@@ -71,6 +85,61 @@ fn run(req: Request) -> Result<ExitCode> {
             format_bytes(report.total_bytes, units),
             format_bytes(b.budget_bytes, units),
             format_bytes(b.overshoot_bytes, units)
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a sweep in the chosen format; exit 1 when some value is over the budget (one line on
+/// stderr naming them).
+fn print_sweep(
+    out: &mut impl Write,
+    swept: &memest::report::SweepReport,
+    sweep: &memest::sweep::Sweep,
+    origin: &str,
+    opts: &cli::OutputOpts,
+) -> Result<ExitCode> {
+    let mut warned = Vec::new();
+    for w in swept.sweep.iter().flat_map(|r| &r.warnings) {
+        if !warned.contains(w) {
+            warned.push(*w);
+            eprintln!("warning: {}", w.message(origin));
+        }
+    }
+    let reports = &swept.sweep;
+    let units = opts.units;
+    match opts.format {
+        OutputFormat::Json => {
+            let text = swept.to_json().context("failed to serialize the sweep")?;
+            writeln!(out, "{text}")?;
+        }
+        OutputFormat::Markdown => {
+            write!(
+                out,
+                "{}",
+                memest::render::markdown::sweep(reports, sweep, units)
+            )?;
+        }
+        OutputFormat::Csv => write!(out, "{}", memest::render::csv::rows(reports))?,
+        OutputFormat::Table => write!(out, "{}", memest::render::sweep(reports, sweep, units))?,
+    }
+    out.flush()?;
+    let over: Vec<String> = reports
+        .iter()
+        .zip(&sweep.values)
+        .filter(|(r, _)| r.budget.as_ref().is_some_and(|b| !b.fits))
+        .map(|(_, v)| v.to_string())
+        .collect();
+    if let (false, Some(b)) = (
+        over.is_empty(),
+        reports.iter().find_map(|r| r.budget.as_ref()),
+    ) {
+        eprintln!(
+            "memest: over budget {} at {} {}",
+            format_bytes(b.budget_bytes, units),
+            sweep.name(),
+            over.join(", ")
         );
         return Ok(ExitCode::from(1));
     }

@@ -7,7 +7,11 @@ use comfy_table::{CellAlignment, Table, presets};
 use crate::report::Report;
 use crate::sim::Category;
 use crate::spec::LayerKind;
+use crate::sweep::Sweep;
 use crate::units::{UnitSystem, format_bytes};
+
+pub mod csv;
+pub mod markdown;
 
 fn share(part: u64, total: u64) -> String {
     if total == 0 {
@@ -61,32 +65,7 @@ fn write_header(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
         }
     }
     writeln!(out, "model: {}  input: {}", r.model, r.input_shape)?;
-    write!(out, "run:   batch {}", s.batch)?;
-    if let Some(seq) = s.seq {
-        write!(out, ", seq {seq}")?;
-    }
-    write!(out, ", {}", s.dtype)?;
-    if let Some(amp) = s.amp {
-        write!(out, " (autocast {})", amp.dtype())?;
-    }
-    match s.optimizer {
-        Some(o) if !s.optimizer_impl.is_foreach() => {
-            write!(out, ", {o} ({}), train", s.optimizer_impl)?;
-        }
-        Some(o) => write!(out, ", {o}, train")?,
-        None if s.training() => write!(out, ", train, no optimizer")?,
-        None => write!(out, ", infer")?,
-    }
-    write!(out, "; ")?;
-    let attention = |k| matches!(k, LayerKind::Attention | LayerKind::CrossAttention);
-    if r.layers.iter().any(|l| attention(l.kind)) {
-        write!(out, "{} attention, ", s.attention)?;
-    }
-    write!(out, "{} kernels", s.device)?;
-    if s.checkpoint {
-        write!(out, ", checkpointed blocks")?;
-    }
-    writeln!(out)?;
+    writeln!(out, "run:   {}", run_line(r))?;
     if s.training() {
         writeln!(
             out,
@@ -119,12 +98,50 @@ fn write_header(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
     Ok(())
 }
 
-/// The per-category table: at the peak, its share, each category's own maximum.
-fn write_categories(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+/// The run's settings: `batch 32, float32, adam, train; cpu kernels`.
+#[must_use]
+pub fn run_line(r: &Report) -> String {
+    let mut out = String::new();
+    // Writing to a `String` cannot fail.
+    let _ = write_run(&mut out, r);
+    out
+}
+
+fn write_run(out: &mut String, r: &Report) -> fmt::Result {
+    let s = &r.settings;
+    write!(out, "batch {}", s.batch)?;
+    if let Some(seq) = s.seq {
+        write!(out, ", seq {seq}")?;
+    }
+    write!(out, ", {}", s.dtype)?;
+    if let Some(amp) = s.amp {
+        write!(out, " (autocast {})", amp.dtype())?;
+    }
+    match s.optimizer {
+        Some(o) if !s.optimizer_impl.is_foreach() => {
+            write!(out, ", {o} ({}), train", s.optimizer_impl)?;
+        }
+        Some(o) => write!(out, ", {o}, train")?,
+        None if s.training() => write!(out, ", train, no optimizer")?,
+        None => write!(out, ", infer")?,
+    }
+    write!(out, "; ")?;
+    let attention = |k| matches!(k, LayerKind::Attention | LayerKind::CrossAttention);
+    if r.layers.iter().any(|l| attention(l.kind)) {
+        write!(out, "{} attention, ", s.attention)?;
+    }
+    write!(out, "{} kernels", s.device)?;
+    if s.checkpoint {
+        write!(out, ", checkpointed blocks")?;
+    }
+    Ok(())
+}
+
+/// The per-category rows (category, at peak, share, step maximum), the total last: the
+/// categories always shown and any other that is ever non-zero.
+fn category_rows(r: &Report, units: UnitSystem) -> Vec<[String; 4]> {
     let fmt = |b: u64| format_bytes(b, units);
-    let mut table = Table::new();
-    table.load_style(presets::UTF8_FULL_CONDENSED);
-    table.set_header(vec!["Category", "At peak", "Share", "Step maximum"]);
+    let mut rows = Vec::new();
     for c in Category::ALL {
         let at = r.at_peak.get(c);
         let max = r.category_max.get(c);
@@ -138,25 +155,116 @@ fn write_categories(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Res
         if at == 0 && max == 0 && !always {
             continue;
         }
-        table.add_row(vec![
+        rows.push([
             c.title().to_string(),
             fmt(at),
             share(at, r.peak_bytes),
             fmt(max),
         ]);
     }
-    table.add_row(vec![
+    rows.push([
         "Total (peak)".to_string(),
         fmt(r.peak_bytes),
         share(r.peak_bytes, r.peak_bytes),
         String::new(),
     ]);
+    rows
+}
+
+/// The header of the per-category table.
+const CATEGORY_HEADER: [&str; 4] = ["Category", "At peak", "Share", "Step maximum"];
+
+/// The per-category table: at the peak, its share, each category's own maximum.
+fn write_categories(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header(CATEGORY_HEADER.to_vec());
+    for row in category_rows(r, units) {
+        table.add_row(row.to_vec());
+    }
     for i in 1..4 {
         if let Some(col) = table.column_mut(i) {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
     writeln!(out, "{table}")
+}
+
+/// A sweep's header and rows: the swept value, each category at the peak (those non-zero in
+/// some row, and the four always shown), the total, and with a budget whether it fits.
+pub(crate) fn sweep_rows(
+    reports: &[Report],
+    sweep: &Sweep,
+    units: UnitSystem,
+) -> (Vec<String>, Vec<Vec<String>>) {
+    let shown: Vec<Category> = Category::ALL
+        .into_iter()
+        .filter(|&c| {
+            matches!(
+                c,
+                Category::Parameters
+                    | Category::Gradients
+                    | Category::OptimizerState
+                    | Category::Activations
+            ) || reports.iter().any(|r| r.at_peak.get(c) > 0)
+        })
+        .collect();
+    let budget = reports.iter().any(|r| r.budget.is_some());
+    let mut header = vec![sweep.name().to_string()];
+    header.extend(shown.iter().map(|c| c.title().to_string()));
+    header.push("Total (peak)".into());
+    if budget {
+        header.push("Fits".into());
+    }
+    let rows = reports
+        .iter()
+        .zip(&sweep.values)
+        .map(|(r, v)| {
+            let mut row = vec![v.to_string()];
+            row.extend(shown.iter().map(|&c| format_bytes(r.at_peak.get(c), units)));
+            row.push(format_bytes(r.peak_bytes, units));
+            if budget {
+                row.push(match &r.budget {
+                    Some(b) if b.fits => "yes".into(),
+                    Some(_) => "NO".into(),
+                    None => String::new(),
+                });
+            }
+            row
+        })
+        .collect();
+    (header, rows)
+}
+
+/// A sweep as a table: one row per value (`--sweep`).
+#[must_use]
+pub fn sweep(reports: &[Report], sweep: &Sweep, units: UnitSystem) -> String {
+    let mut out = String::new();
+    if let Some(first) = reports.first() {
+        let _ = writeln!(out, "model: {}  input: {}", first.model, first.input_shape);
+        let _ = writeln!(out, "run:   {} (first row)", run_line(first));
+        let _ = writeln!(
+            out,
+            "sweep over {}: {} values",
+            sweep.name(),
+            sweep.values.len()
+        );
+    }
+    let (header, rows) = sweep_rows(reports, sweep, units);
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    let n = header.len();
+    table.set_header(header);
+    for row in rows {
+        table.add_row(row);
+    }
+    for i in 0..n {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let _ = writeln!(out, "{table}");
+    out
 }
 
 /// Where the peak is, what training keeps, and the budget check.

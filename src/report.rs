@@ -97,6 +97,37 @@ pub struct Report {
     pub warnings: Vec<Warning>,
 }
 
+/// A `--sweep`: one report per value (the `--format json` output of a sweep, described by
+/// `schema/sweep.schema.json`).
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct SweepReport {
+    /// What varies: `batch` or `seq`.
+    pub dimension: &'static str,
+    /// The values, ascending.
+    pub values: Vec<u64>,
+    /// One report per value, in the same order.
+    pub sweep: Vec<Report>,
+}
+
+impl SweepReport {
+    /// Pretty-printed JSON, keys sorted at every level (as [`Report::to_json`]).
+    ///
+    /// # Errors
+    /// None in practice: every field serializes.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        let value = serde_json::to_value(self)?;
+        serde_json::to_string_pretty(&value)
+    }
+}
+
+/// The schema of a sweep's JSON output (draft 2020-12), published as
+/// `schema/sweep.schema.json`.
+#[must_use]
+pub fn sweep_json_schema() -> Schema {
+    schemars::schema_for!(SweepReport)
+}
+
 /// How many tensors `--explain` lists.
 pub const EXPLAIN_TOP: usize = 10;
 

@@ -126,3 +126,157 @@ fn live_set_at_the_peak_sums_to_the_peak() {
     assert_eq!(plain.at_peak, sim.at_peak);
     assert_eq!(plain.category_max, sim.category_max);
 }
+
+/// `--format csv`: one header row, then one row per estimate, byte counts as integers under
+/// `*_bytes` names. The MLP's row holds the JSON's figures.
+#[test]
+fn csv_has_one_row_per_estimate() {
+    let out = memest(&[MLP, "--format", "csv", "--budget", "80MB"]);
+    assert_eq!(code(&out), 1, "82,202,828 B > 80,000,000 B");
+    let text = stdout(&out);
+    let mut rd = csv::Reader::from_reader(text.as_bytes());
+    let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+    let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 1);
+    let get = |k: &str| rows[0][header.iter().position(|h| h == k).unwrap()].to_string();
+    assert_eq!(get("model"), "mlp");
+    assert_eq!(get("batch"), "32");
+    assert_eq!(get("seq"), "");
+    assert_eq!(get("total_bytes"), "82202828");
+    assert_eq!(get("at_peak_optimizer_state_bytes"), "32824824");
+    assert_eq!(get("at_peak_activations_bytes"), "12804");
+    assert_eq!(get("peak_phase"), "optimizer_step");
+    assert_eq!(get("budget_bytes"), "80000000");
+    assert_eq!(get("fits"), "false");
+    for h in &header {
+        let bytes = h.ends_with("_bytes");
+        let numeric = ["batch", "param_count", "trainable_param_count"].contains(&h.as_str());
+        if bytes || numeric {
+            get(h)
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{h} is not an integer"));
+        }
+    }
+    // The JSON agrees, key by key.
+    let r = report(&[MLP]);
+    for k in [
+        "parameters_bytes",
+        "gradients_bytes",
+        "activations_bytes",
+        "peak_activations_bytes",
+    ] {
+        assert_eq!(get(k), u(&r, k).to_string(), "{k}");
+    }
+}
+
+/// `--format markdown`: the table's rows as a GitHub table, and the peak and budget verdict.
+#[test]
+fn markdown_has_the_tables_rows() {
+    let out = memest(&[MLP, "--format", "markdown", "--budget", "1GiB"]);
+    assert_eq!(code(&out), 0);
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "| Category | At peak | Share | Step maximum |\n| --- | ---: | ---: | ---: |\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("| Optimizer state | 31.30 MiB | 39.9% | 31.30 MiB |\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| Total (peak) | 78.39 MiB | 100.0% |  |\n"),
+        "{text}"
+    );
+    assert!(text.contains("peak: 78.39 MiB during the optimizer step; **fits** the 1.00 GiB budget, 945.6 MiB to spare"), "{text}");
+    // The same rows as the terminal table.
+    let table = stdout(&memest(&[MLP]));
+    for row in [
+        "Parameters",
+        "Gradients",
+        "Optimizer state",
+        "Activations",
+        "Temporaries",
+        "Input batch",
+    ] {
+        assert!(table.contains(&format!("│ {row} ")), "{row}");
+        assert!(text.contains(&format!("| {row} | ")), "{row}");
+    }
+}
+
+/// `--sweep batch=1..8`: one estimate per value (1, 2, 4, 8) in every format, each the estimate
+/// at that batch. The MLP's input batch is batch × 4,000 B.
+#[test]
+fn sweep_prints_one_row_per_value() {
+    let r = report(&[MLP, "--sweep", "batch=1..8"]);
+    assert_eq!(r["dimension"], "batch");
+    assert_eq!(r["values"], serde_json::json!([1, 2, 4, 8]));
+    let sweep = r["sweep"].as_array().unwrap();
+    assert_eq!(sweep.len(), 4);
+    for (i, b) in [1u64, 2, 4, 8].into_iter().enumerate() {
+        assert_eq!(u(&sweep[i]["settings"], "batch"), b);
+        assert_eq!(u(&sweep[i], "input_bytes"), b * 4000);
+        let alone = report(&[MLP, "--batch", &b.to_string()]);
+        assert_eq!(sweep[i], alone, "batch {b}");
+    }
+    let csv = stdout(&memest(&[MLP, "--sweep", "batch=1..8", "--format", "csv"]));
+    assert_eq!(csv.lines().count(), 5);
+    assert!(
+        csv.lines()
+            .nth(3)
+            .unwrap()
+            .starts_with("mlp,4,,float32,train,adam,fp32,")
+    );
+    let md = stdout(&memest(&[
+        MLP,
+        "--sweep",
+        "batch=1,2",
+        "--format",
+        "markdown",
+    ]));
+    assert!(md.contains("| batch | Parameters | Gradients | Optimizer state | Activations | Temporaries | Input batch | Total (peak) |\n"), "{md}");
+    assert_eq!(
+        md.lines()
+            .filter(|l| l.starts_with("| 1 |") || l.starts_with("| 2 |"))
+            .count(),
+        2
+    );
+    let table = stdout(&memest(&[MLP, "--sweep", "seq=1", "--mode", "infer"]));
+    assert!(table.contains("sweep over seq: 1 values"), "{table}");
+}
+
+/// A sweep over the budget exits 1 and names the values that do not fit; bad syntax exits 2.
+#[test]
+fn sweep_budget_and_bad_syntax() {
+    // 82,202,828 B at batch 32; batch 64 adds 32 inputs (128,000 B) and outputs (12,800 B):
+    // 82,343,628 B, over a budget of 82,300,000 B.
+    let out = memest(&[MLP, "--sweep", "batch=32,64", "--budget", "82300000"]);
+    assert_eq!(code(&out), 1);
+    assert_eq!(
+        crate::common::stderr(&out),
+        "memest: over budget 78.49 MiB at batch 64\n"
+    );
+    for bad in [
+        "batch=0",
+        "batch=8..1",
+        "lr=1",
+        "batch=1..100:1",
+        "batch=1,,2",
+        "batch",
+    ] {
+        let out = memest(&[MLP, "--sweep", bad]);
+        assert_eq!(code(&out), 2, "{bad}");
+    }
+    let out = memest(&[MLP, "--sweep", "batch=1,2", "--batch", "4"]);
+    assert_eq!(code(&out), 2);
+    let out = memest(&[
+        MLP,
+        "--sweep",
+        "batch=1,2",
+        "--max-batch",
+        "--budget",
+        "1GiB",
+    ]);
+    assert_eq!(code(&out), 2);
+}

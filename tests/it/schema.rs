@@ -87,6 +87,7 @@ fn json_output_validates_against_the_schema() {
             "--optim",
             "adafactor",
         ],
+        &["examples/gpt2.toml", "--batch", "2", "--explain"],
         &[
             "examples/mlp.toml",
             "--seq",
@@ -128,4 +129,39 @@ fn the_schema_rejects_what_is_not_a_report() {
         &["--budget", "1KiB"],
         &serde_json::from_slice(&out.stdout).unwrap(),
     );
+}
+
+const SWEEP_SCHEMA: &str = "schema/sweep.schema.json";
+
+/// `schema/sweep.schema.json` (a `--sweep`'s JSON) is the generated one, rewritten with
+/// `MEMEST_UPDATE_SCHEMA=1`, and a sweep's output validates against it.
+#[test]
+fn sweep_schema_is_up_to_date_and_validates() {
+    let file = path(SWEEP_SCHEMA);
+    let fresh = format!(
+        "{}\n",
+        serde_json::to_string_pretty(&memest::report::sweep_json_schema()).unwrap()
+    );
+    if std::env::var_os("MEMEST_UPDATE_SCHEMA").is_some() {
+        std::fs::write(&file, &fresh).unwrap();
+    }
+    let committed = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        committed == fresh,
+        "{SWEEP_SCHEMA} is out of date: run `MEMEST_UPDATE_SCHEMA=1 cargo test --test it schema` and commit it"
+    );
+    let schema: Value = serde_json::from_str(&committed).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let args = [
+        "examples/mlp.toml",
+        "--sweep",
+        "batch=1,2",
+        "--budget",
+        "1GiB",
+        "--format",
+        "json",
+    ];
+    let out = memest(&args);
+    assert_eq!(out.status.code(), Some(0));
+    assert_valid(&v, &args, &serde_json::from_slice(&out.stdout).unwrap());
 }

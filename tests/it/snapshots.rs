@@ -152,6 +152,12 @@ mod flags {
         resnet50_batch32_adam_json => [RESNET50, "--batch", "32", "--optim", "adam", "--format", "json"],
         mlp_per_layer => [MLP, "--per-layer"],
         mlp_explain => [MLP, "--explain"],
+        mlp_markdown_budget => [MLP, "--format", "markdown", "--budget", "80MiB"],
+        mlp_csv => [MLP, "--format", "csv"],
+        gpt2_sweep_batch_budget => [GPT2, "--sweep", "batch=1..8", "--budget", "4GiB"],
+        gpt2_sweep_seq_markdown => [GPT2, "--sweep", "seq=64..256:64", "--format", "markdown"],
+        mlp_sweep_csv => [MLP, "--sweep", "batch=1,2,4", "--format", "csv"],
+        mlp_sweep_bad => [MLP, "--sweep", "batch=8..1"],
         gpt2_explain => [GPT2, "--batch", "4", "--explain"],
         // the file's aliases work on the command line too
         mlp_optim_adam8bit_alias => [MLP, "--optim", "adam8bit"],

@@ -1,0 +1,113 @@
+//! `--format markdown`: GitHub-flavoured markdown for a pull-request comment, with the same
+//! rows as the terminal table.
+
+use std::fmt::Write as _;
+
+use super::{CATEGORY_HEADER, category_rows, run_line, sweep_rows};
+use crate::report::Report;
+use crate::sweep::Sweep;
+use crate::units::{UnitSystem, format_bytes};
+
+/// A table cell: `|` escaped, line breaks as spaces, backticks kept out of code spans.
+fn cell(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('|', "\\|")
+        .replace(['\n', '\r'], " ")
+}
+
+/// Text in a code span: backticks replaced, so a name cannot end the span.
+fn code(s: &str) -> String {
+    format!("`{}`", s.replace('`', "'").replace(['\n', '\r'], " "))
+}
+
+fn table(out: &mut String, header: &[String], right_from: usize, rows: &[Vec<String>]) {
+    let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    out.push_str(&line(header.iter().map(|h| cell(h)).collect()));
+    let align = (0..header.len())
+        .map(|i| if i < right_from { "---" } else { "---:" }.to_string())
+        .collect();
+    out.push_str(&line(align));
+    for row in rows {
+        out.push_str(&line(row.iter().map(|c| cell(c)).collect()));
+    }
+}
+
+/// The budget verdict, when there is a budget.
+fn verdict(r: &Report, units: UnitSystem) -> Option<String> {
+    let fmt = |b: u64| format_bytes(b, units);
+    r.budget.as_ref().map(|b| {
+        if b.fits {
+            format!(
+                "**fits** the {} budget, {} to spare",
+                fmt(b.budget_bytes),
+                fmt(b.budget_bytes.saturating_sub(r.total_bytes))
+            )
+        } else {
+            format!(
+                "**over** the {} budget by {}",
+                fmt(b.budget_bytes),
+                fmt(b.overshoot_bytes)
+            )
+        }
+    })
+}
+
+/// One estimate: a heading line, the run, the per-category table and the peak.
+#[must_use]
+pub fn summary(r: &Report, units: UnitSystem) -> String {
+    let fmt = |b: u64| format_bytes(b, units);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "**memest** {}: **{}** at the peak",
+        code(&r.model),
+        fmt(r.peak_bytes)
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "input {}; {}",
+        code(&r.input_shape.to_string()),
+        cell(&run_line(r))
+    );
+    let _ = writeln!(out);
+    let header: Vec<String> = CATEGORY_HEADER.iter().map(|h| (*h).to_string()).collect();
+    let rows: Vec<Vec<String>> = category_rows(r, units)
+        .into_iter()
+        .map(|row| row.to_vec())
+        .collect();
+    table(&mut out, &header, 1, &rows);
+    let _ = writeln!(out);
+    let _ = write!(
+        out,
+        "peak: {} during the {}",
+        fmt(r.peak_bytes),
+        r.peak_phase.title()
+    );
+    if let Some(l) = &r.peak_layer {
+        let _ = write!(out, " at {}", code(l));
+    }
+    if let Some(v) = verdict(r, units) {
+        let _ = write!(out, "; {v}");
+    }
+    let _ = writeln!(out);
+    out
+}
+
+/// A sweep: one row per value.
+#[must_use]
+pub fn sweep(reports: &[Report], sweep: &Sweep, units: UnitSystem) -> String {
+    let mut out = String::new();
+    if let Some(first) = reports.first() {
+        let _ = writeln!(
+            out,
+            "**memest** {}: sweep over {}",
+            code(&first.model),
+            sweep.name()
+        );
+        let _ = writeln!(out);
+    }
+    let (header, rows) = sweep_rows(reports, sweep, units);
+    table(&mut out, &header, 1, &rows);
+    out
+}
