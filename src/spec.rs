@@ -185,8 +185,21 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
         Format::Toml => {
             let de = toml::Deserializer::parse(src).map_err(|e| toml_error(src, &e, None))?;
             serde_path_to_error::deserialize::<_, ModelSpec>(de).map_err(|e| {
+                let doc = toml::from_str::<serde_json::Value>(src).ok();
                 let key = last_key(e.path());
-                toml_error(src, e.inner(), key.as_deref())
+                let mut error = toml_error(src, e.inner(), key.as_deref());
+                if let Some((kind_at, message)) = doc
+                    .as_ref()
+                    .and_then(|d| layer_key_error(d, e.path(), e.inner().message()))
+                    && let Error::Spec(s) = &mut error
+                {
+                    s.message = message;
+                    // An unknown kind is told where its layer starts, not at the key.
+                    if let Some(at) = kind_at.and_then(|p| toml_layer_position(src, &p)) {
+                        (s.line, s.column) = (Some(at.0), Some(at.1));
+                    }
+                }
+                error
             })
         }
         Format::Json if !src.trim_start().starts_with('{') => Err(Error::Spec(SpecError {
@@ -198,7 +211,15 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
             let mut de = serde_json::Deserializer::from_str(src);
             let spec = serde_path_to_error::deserialize::<_, ModelSpec>(&mut de).map_err(|e| {
                 let key = last_key(e.path());
-                json_error(e.inner(), key.as_deref())
+                let mut error = json_error(e.inner(), key.as_deref());
+                if let Some((_, message)) = serde_json::from_str::<serde_json::Value>(src)
+                    .ok()
+                    .and_then(|d| layer_key_error(&d, e.path(), &e.inner().to_string()))
+                    && let Error::Spec(s) = &mut error
+                {
+                    s.message = message;
+                }
+                error
             })?;
             de.end().map_err(|e| json_error(&e, None))?;
             Ok(spec)
@@ -229,6 +250,75 @@ fn json_error(e: &serde_json::Error, key: Option<&str>) -> Error {
         column: (e.column() > 0).then_some(e.column()),
         message: improve(&message, key),
     })
+}
+
+/// An unknown key of a layer, told in that layer's terms: when the layer's `kind` is unknown
+/// too, that is the error (the first real one, whatever the keys' order); otherwise the key is
+/// unknown to that kind, and the message lists that kind's keys only (with a suggestion among
+/// them when one is close), not every key of every kind. `doc` is the whole file as a value,
+/// `path` and `message` serde's error. Returns the message, with the layer's 1-based positions
+/// (through blocks) when the kind is the error; `None` when the error is not an unknown key
+/// inside a layer.
+fn layer_key_error(
+    doc: &serde_json::Value,
+    path: &serde_path_to_error::Path,
+    message: &str,
+) -> Option<(Option<Vec<usize>>, String)> {
+    use serde_path_to_error::Segment;
+    let rest = message.strip_prefix("unknown field `")?;
+    let field = rest.split('`').next()?;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let segments = match segments.split_last() {
+        Some((Segment::Map { key }, head)) if key == field => head,
+        _ => &segments[..],
+    };
+    let mut cur = doc;
+    let mut positions = Vec::new();
+    for seg in segments {
+        cur = match seg {
+            Segment::Map { key } => cur.get(key)?,
+            Segment::Seq { index } => {
+                positions.push(index + 1);
+                cur.get(index)?
+            }
+            _ => return None,
+        };
+    }
+    if positions.is_empty() {
+        return None;
+    }
+    let kind = cur.get("kind")?.as_str()?;
+    let Some(kind) = LayerKind::parse_name(kind) else {
+        return Some((Some(positions), layer::unknown_kind(kind)));
+    };
+    let own = crate::graph::kind_keys(kind);
+    let every: Vec<&str> = LayerKind::ALL
+        .iter()
+        .flat_map(|k| crate::graph::kind_keys(*k))
+        .collect();
+    // The keys every layer takes (`kind`, `name`, `inputs`, …): the spec's keys no kind reads.
+    let common: Vec<&str> = rest
+        .split('`')
+        .skip(2)
+        .step_by(2)
+        .filter(|k| !every.contains(k))
+        .collect();
+    let candidates: Vec<&str> = own.iter().chain(&common).copied().collect();
+    let hint = crate::error::nearest(field, &candidates)
+        .map(|n| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default();
+    Some((
+        None,
+        format!(
+            "unknown key `{field}` for `{kind}`{hint}; its keys: {}; every layer's: {}",
+            if own.is_empty() {
+                "none".to_string()
+            } else {
+                own.join(", ")
+            },
+            common.join(", ")
+        ),
+    ))
 }
 
 /// The key an error path ends in (`style` of `layers[3].style`).

@@ -363,17 +363,29 @@ impl Serialize for LayerKind {
 impl<'de> Deserialize<'de> for LayerKind {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        LayerKind::from_name(&s).ok_or_else(|| {
-            let names: Vec<&str> = LayerKind::ALL.iter().map(|k| k.as_str()).collect();
-            let hint = crate::error::nearest(&s, &names)
-                .map(|n| format!(" (did you mean `{n}`?)"))
-                .unwrap_or_default();
-            serde::de::Error::custom(format!(
-                "unknown layer kind `{s}`{hint}; expected one of {}",
-                names.join(", ")
-            ))
-        })
+        LayerKind::from_name(&s).ok_or_else(|| serde::de::Error::custom(unknown_kind(&s)))
     }
+}
+
+impl LayerKind {
+    /// The kind a file's `kind` value names (its canonical name or an alias).
+    #[must_use]
+    pub fn parse_name(s: &str) -> Option<LayerKind> {
+        LayerKind::from_name(s)
+    }
+}
+
+/// The message for a `kind` value that names no layer kind: a suggestion when one is close, and
+/// the kinds.
+pub(crate) fn unknown_kind(s: &str) -> String {
+    let names: Vec<&str> = LayerKind::ALL.iter().map(|k| k.as_str()).collect();
+    let hint = crate::error::nearest(s, &names)
+        .map(|n| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default();
+    format!(
+        "unknown layer kind `{s}`{hint}; expected one of {}",
+        names.join(", ")
+    )
 }
 
 #[allow(clippy::derivable_impls)] // the enum comes from a macro

@@ -551,3 +551,39 @@ mod typed {
         assert!(position.is_some(), "{e}");
     }
 }
+
+/// The first error is the real one: a layer whose kind is unknown is reported as such even when
+/// an unknown key comes before `kind`, at the layer's line; an unknown key of a known kind lists
+/// that kind's keys only, with no misleading suggestion (`kernel_size` is not a linear key).
+#[test]
+fn an_unknown_kind_comes_before_its_keys() {
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n\n[[layers]]\nkernel_size = 3\nkind = \"linaer\"\n",
+    );
+    let err = fails(&[m.arg()]);
+    assert!(
+        err.starts_with(&format!(
+            "error: {}:4:1: unknown layer kind `linaer` (did you mean `linear`?); expected one of repeat, linear,",
+            m.arg()
+        )),
+        "{err}"
+    );
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n\n[[layers]]\nkernel_size = 3\nkind = \"linear\"\nout_features = 4\n",
+    );
+    assert_eq!(
+        fails(&[m.arg()]),
+        format!(
+            "error: {}:5:1: unknown key `kernel_size` for `linear`; its keys: in_features, \
+             out_features, bias, tie, quantize; every layer's: kind, name, inputs, trainable, note\n",
+            m.arg()
+        )
+    );
+    let m = TempModel::new(
+        "json",
+        r#"{"input": {"shape": [8]}, "layers": [{"kernel_size": 3, "kind": "linaer"}]}"#,
+    );
+    assert!(fails(&[m.arg()]).contains("unknown layer kind `linaer` (did you mean `linear`?)"));
+}
