@@ -130,13 +130,17 @@ pub struct Cli {
         long,
         value_name = "DIM=VALUES",
         value_parser = parse_sweep,
-        conflicts_with_all = ["max_batch", "max_context", "per_layer", "explain"]
+        conflicts_with_all = ["max_batch", "max_context", "per_layer", "explain", "timeline"]
     )]
     sweep: Option<Sweep>,
     /// Also list the ten largest tensors live at the peak: the layer and ATen operator that
     /// made each, its shape, dtype, size and category (JSON: `explain`).
     #[arg(long)]
     explain: bool,
+    /// Write the simulated step to PATH as an SVG chart: live memory over time, stacked by
+    /// category, with the phases and the peak marked.
+    #[arg(long, value_name = "PATH")]
+    timeline: Option<PathBuf>,
     /// Head on a Hugging Face config.json: `auto` follows its `architectures`; `none` is the bare
     /// model without a loss.
     #[arg(long, value_enum, default_value_t = Head::Auto)]
@@ -316,6 +320,8 @@ pub struct OutputOpts {
     pub per_layer: bool,
     /// Also the table of the largest tensors at the peak.
     pub explain: bool,
+    /// Where to write the SVG timeline.
+    pub timeline: Option<PathBuf>,
 }
 
 /// What the command line asks for, resolved and typed.
@@ -411,7 +417,7 @@ impl Cli {
                 search,
                 warnings: warning.into_iter().collect(),
                 observe: memest::sim::Observe {
-                    timeline: false,
+                    timeline: self.timeline.is_some(),
                     explain: self.explain,
                 },
                 allow_long_context: self.allow_long_context,
@@ -425,6 +431,7 @@ impl Cli {
                 },
                 per_layer: self.per_layer,
                 explain: self.explain,
+                timeline: self.timeline,
             },
             print_model: self.print_model,
             sweep: self.sweep,

@@ -53,6 +53,12 @@ fn run(req: Request) -> Result<ExitCode> {
         eprintln!("warning: {}", w.message(origin));
     }
     let units = req.output.units;
+    if let Some(path) = &req.output.timeline
+        && let Some(svg) = memest::render::svg::timeline(&report, units)
+    {
+        std::fs::write(path, svg)
+            .with_context(|| format!("failed to write the timeline to {}", path.display()))?;
+    }
     match req.output.format {
         OutputFormat::Json => {
             let text = report.to_json().context("failed to serialize the report")?;

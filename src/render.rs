@@ -12,6 +12,7 @@ use crate::units::{UnitSystem, format_bytes};
 
 pub mod csv;
 pub mod markdown;
+pub mod svg;
 
 fn share(part: u64, total: u64) -> String {
     if total == 0 {

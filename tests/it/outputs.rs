@@ -280,3 +280,134 @@ fn sweep_budget_and_bad_syntax() {
     ]);
     assert_eq!(code(&out), 2);
 }
+
+/// Writes `--timeline` for `args` to a temporary file and returns the JSON report and the SVG.
+fn timeline(args: &[&str]) -> (serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("step.svg");
+    let mut all = args.to_vec();
+    all.extend(["--timeline", file.to_str().unwrap(), "--format", "json"]);
+    let out = memest(&all);
+    assert!(
+        matches!(code(&out), 0 | 1),
+        "{}",
+        crate::common::describe(&out)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (json, std::fs::read_to_string(&file).unwrap())
+}
+
+/// `--timeline`: a well-formed SVG whose labelled peak is the JSON's `peak_bytes`, with one area
+/// per category that is ever live, the phases named, and the same figures as without it.
+#[test]
+fn timeline_is_well_formed_and_its_peak_is_the_reports() {
+    for args in [
+        &[MLP][..],
+        &[
+            "examples/gpt2.toml",
+            "--batch",
+            "4",
+            "--checkpoint",
+            "--budget",
+            "3GiB",
+        ],
+        &["examples/hf/llama_tiny.json", "--context", "64"],
+    ] {
+        let (json, svg) = timeline(args);
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "svg");
+        assert_eq!(
+            root.tag_name().namespace(),
+            Some("http://www.w3.org/2000/svg")
+        );
+        let peak = doc
+            .descendants()
+            .find(|n| n.attribute("id") == Some("peak"))
+            .expect("a peak marker");
+        let peak_bytes: u64 = peak.attribute("data-peak-bytes").unwrap().parse().unwrap();
+        assert_eq!(peak_bytes, u(&json, "peak_bytes"), "{args:?}");
+        let label: String = peak
+            .descendants()
+            .filter(|n| n.is_text())
+            .filter_map(|n| n.text())
+            .collect();
+        let table = stdout(&memest(args));
+        let shown = table
+            .lines()
+            .find_map(|l| l.strip_prefix("peak: "))
+            .and_then(|l| l.split(" during").next())
+            .unwrap()
+            .to_string();
+        assert!(
+            label.starts_with(&format!("peak {shown} · ")),
+            "{label} / {shown}"
+        );
+        if let Some(layer) = json["peak_layer"].as_str() {
+            assert!(label.ends_with(&format!(" · {layer}")), "{label}");
+        }
+        let areas: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("area"))
+            .map(|n| n.attribute("data-category").unwrap())
+            .collect();
+        for c in Category::ALL {
+            let live = u(&json["category_max"], c.key()) > 0;
+            let key = c.key().trim_end_matches("_bytes");
+            assert_eq!(areas.contains(&key), live, "{args:?} {key}");
+        }
+        let phases: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("phase"))
+            .map(|n| n.attribute("data-phase").unwrap())
+            .collect();
+        if json["settings"]["mode"] == "train" {
+            assert_eq!(
+                phases,
+                ["forward", "backward", "optimizer_step"],
+                "{args:?}"
+            );
+        } else {
+            assert_eq!(phases, ["forward"], "{args:?}");
+        }
+        let mut plain = report(args);
+        let mut with = json.clone();
+        plain.as_object_mut().unwrap().remove("explain");
+        with.as_object_mut().unwrap().remove("explain");
+        assert_eq!(with, plain, "{args:?}: --timeline changes no figure");
+    }
+}
+
+/// The timeline keeps at most 2000 points and always the peak's event; the MLP's 14 events
+/// (the start, 6 forward operators, 6 backward, the optimizer step) are all kept, and the
+/// peak (82,202,828 B) is the optimizer step, the last.
+#[test]
+fn timeline_series_keeps_the_peak() {
+    let src = std::fs::read_to_string(crate::common::path(MLP)).unwrap();
+    let spec = memest::load_spec(&src, memest::spec::Format::Toml, memest::hf::Head::Auto).unwrap();
+    let observe = Observe {
+        timeline: true,
+        explain: false,
+    };
+    let r = memest::estimate_observed(&spec, "mlp", &Default::default(), None, observe).unwrap();
+    let t = r.timeline.unwrap();
+    assert_eq!(t.events, 14);
+    assert_eq!(t.points.len(), 14);
+    assert_eq!(t.peak, 13);
+    assert_eq!(t.points[13].total(), 82_202_828);
+    let phases: Vec<_> = t.phases.iter().map(|p| (p.1, p.2)).collect();
+    assert_eq!(phases, [(0, 7), (7, 13), (13, 14)]);
+    // A long step is downsampled, the peak kept.
+    let src = std::fs::read_to_string(crate::common::path("examples/hf/llama-3-8b.json")).unwrap();
+    let spec = memest::load_spec(&src, memest::spec::Format::Json, memest::hf::Head::Auto).unwrap();
+    let o = memest::settings::Overrides {
+        seq: Some(16),
+        ..Default::default()
+    };
+    let r = memest::estimate_observed(&spec, "llama", &o, None, observe).unwrap();
+    let t = r.timeline.as_ref().unwrap();
+    assert!(t.events > memest::sim::TIMELINE_POINTS, "{}", t.events);
+    assert!(t.points.len() <= memest::sim::TIMELINE_POINTS);
+    assert_eq!(t.points[t.peak].total(), r.peak_bytes);
+    assert!(t.points.iter().all(|p| p.total() <= r.peak_bytes));
+}
