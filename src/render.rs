@@ -138,24 +138,27 @@ fn write_run(out: &mut String, r: &Report) -> fmt::Result {
     Ok(())
 }
 
+/// Whether the table shows category `c`: always the four of every step, others when ever
+/// non-zero.
+fn shown(r: &Report, c: Category) -> bool {
+    let always = matches!(
+        c,
+        Category::Parameters
+            | Category::Gradients
+            | Category::OptimizerState
+            | Category::Activations
+    );
+    always || r.at_peak.get(c) > 0 || r.category_max.get(c) > 0
+}
+
 /// The per-category rows (category, at peak, share, step maximum), the total last: the
 /// categories always shown and any other that is ever non-zero.
 fn category_rows(r: &Report, units: UnitSystem) -> Vec<[String; 4]> {
     let fmt = |b: u64| format_bytes(b, units);
     let mut rows = Vec::new();
-    for c in Category::ALL {
+    for c in Category::ALL.into_iter().filter(|&c| shown(r, c)) {
         let at = r.at_peak.get(c);
         let max = r.category_max.get(c);
-        let always = matches!(
-            c,
-            Category::Parameters
-                | Category::Gradients
-                | Category::OptimizerState
-                | Category::Activations
-        );
-        if at == 0 && max == 0 && !always {
-            continue;
-        }
         rows.push([
             c.title().to_string(),
             fmt(at),
@@ -175,13 +178,50 @@ fn category_rows(r: &Report, units: UnitSystem) -> Vec<[String; 4]> {
 /// The header of the per-category table.
 const CATEGORY_HEADER: [&str; 4] = ["Category", "At peak", "Share", "Step maximum"];
 
-/// The per-category table: at the peak, its share, each category's own maximum.
+/// Cells of a [`bar`].
+const BAR_WIDTH: u64 = 20;
+
+/// `part` of `scale` as a bar of [`BAR_WIDTH`] ASCII cells: `#` filled, `.` empty, rounded to
+/// the nearest cell (a non-zero part shows at least one); past the scale, all filled and `>`.
+fn bar(part: u64, scale: u64) -> String {
+    let w = BAR_WIDTH;
+    if part > scale {
+        return format!("{}>", "#".repeat(w as usize));
+    }
+    let n = if scale == 0 {
+        0
+    } else {
+        let n =
+            (u128::from(part) * u128::from(w) * 2 + u128::from(scale)) / (2 * u128::from(scale));
+        let n = u64::try_from(n).unwrap_or(w).min(w);
+        if part > 0 { n.max(1) } else { n }
+    };
+    format!("{}{}", "#".repeat(n as usize), ".".repeat((w - n) as usize))
+}
+
+/// The per-category table: at the peak, its share, each category's own maximum; with a
+/// budget, a bar of each row's share of it.
 fn write_categories(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
     let mut table = Table::new();
     table.load_style(presets::UTF8_FULL_CONDENSED);
-    table.set_header(CATEGORY_HEADER.to_vec());
-    for row in category_rows(r, units) {
-        table.add_row(row.to_vec());
+    let mut header = CATEGORY_HEADER.to_vec();
+    let budget = r.budget.as_ref().map(|b| b.budget_bytes);
+    if budget.is_some() {
+        header.push("Of the budget");
+    }
+    table.set_header(header);
+    let mut parts: Vec<u64> = Category::ALL
+        .into_iter()
+        .filter(|&c| shown(r, c))
+        .map(|c| r.at_peak.get(c))
+        .collect();
+    parts.push(r.peak_bytes);
+    for (row, part) in category_rows(r, units).into_iter().zip(parts) {
+        let mut row = row.to_vec();
+        if let Some(b) = budget {
+            row.push(bar(part, b));
+        }
+        table.add_row(row);
     }
     for i in 1..4 {
         if let Some(col) = table.column_mut(i) {
@@ -455,6 +495,17 @@ pub fn explain(r: &Report, units: UnitSystem) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bars_are_ascii_and_scaled() {
+        assert_eq!(bar(0, 100), "....................");
+        assert_eq!(bar(1, 100), "#...................");
+        assert_eq!(bar(50, 100), "##########..........");
+        assert_eq!(bar(100, 100), "####################");
+        assert_eq!(bar(101, 100), "####################>");
+        assert_eq!(bar(0, 0), "....................");
+        assert!(bar(u64::MAX - 1, u64::MAX).is_ascii());
+    }
 
     #[test]
     fn per_param_figures_drop_trailing_zeros() {
