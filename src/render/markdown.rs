@@ -8,16 +8,21 @@ use crate::report::Report;
 use crate::sweep::Sweep;
 use crate::units::{UnitSystem, format_bytes};
 
-/// A table cell: `|` escaped, line breaks as spaces, backticks kept out of code spans.
+/// A table cell: `|` and `\\` escaped, control characters as spaces.
 fn cell(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('|', "\\|")
-        .replace(['\n', '\r'], " ")
+    printable(s).replace('\\', "\\\\").replace('|', "\\|")
+}
+
+/// `s` with control characters (line breaks, terminal escapes) as spaces.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// Text in a code span: backticks replaced, so a name cannot end the span.
 fn code(s: &str) -> String {
-    format!("`{}`", s.replace('`', "'").replace(['\n', '\r'], " "))
+    format!("`{}`", printable(s).replace('`', "'"))
 }
 
 fn table(out: &mut String, header: &[String], right_from: usize, rows: &[Vec<String>]) {
@@ -110,4 +115,17 @@ pub fn sweep(reports: &[Report], sweep: &Sweep, units: UnitSystem) -> String {
     let (header, rows) = sweep_rows(reports, sweep, units);
     table(&mut out, &header, 1, &rows);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_cannot_break_the_markdown() {
+        assert_eq!(cell("a|b"), "a\\|b");
+        assert_eq!(cell("a\\|b"), "a\\\\\\|b");
+        assert_eq!(cell("x\ny\u{1b}[31m"), "x y [31m");
+        assert_eq!(code("my`model`\n"), "`my'model' `");
+    }
 }

@@ -411,3 +411,51 @@ fn timeline_series_keeps_the_peak() {
     assert_eq!(t.points[t.peak].total(), r.peak_bytes);
     assert!(t.points.iter().all(|p| p.total() <= r.peak_bytes));
 }
+
+/// The table's rows are the JSON's `at_peak` and `category_max`, and the summary line is
+/// `peak_activations_bytes` (inference) or `activations_bytes` (training): one meaning each.
+#[test]
+fn table_rows_and_summary_lines_are_the_jsons() {
+    use memest::units::{UnitSystem, format_bytes};
+    for args in [
+        &[MLP][..],
+        &["examples/gpt2.toml", "--batch", "2"],
+        &["examples/hf/llama_tiny.json", "--context", "64"],
+    ] {
+        let r = report(args);
+        let table = stdout(&memest(args));
+        let fmt = |b: u64| format_bytes(b, UnitSystem::Iec);
+        for c in Category::ALL {
+            let (at, max) = (u(&r["at_peak"], c.key()), u(&r["category_max"], c.key()));
+            let Some(line) = table
+                .lines()
+                .find(|l| l.starts_with(&format!("│ {} ", c.title())))
+            else {
+                assert_eq!((at, max), (0, 0), "{args:?}: {} missing", c.title());
+                continue;
+            };
+            let cells: Vec<&str> = line.split(['│', '┆']).map(str::trim).collect();
+            assert_eq!(cells[2], fmt(at), "{args:?} {}", c.title());
+            assert_eq!(cells[4], fmt(max), "{args:?} {}", c.title());
+        }
+        if r["settings"]["mode"] == "train" {
+            let saved = format!("saved for backward: {};", fmt(u(&r, "activations_bytes")));
+            assert!(table.contains(&saved), "{args:?}: {saved}");
+        } else {
+            let live = format!(
+                "live activations at most: {} (activations + temporaries in forward",
+                fmt(u(&r, "peak_activations_bytes"))
+            );
+            assert!(table.contains(&live), "{args:?}: {live}");
+            // The KV cache is apart from every activation figure.
+            let kv = u(&r, "kv_cache_bytes");
+            assert!(kv > 0);
+            assert!(table.contains(&format!("; KV cache apart: {})", fmt(kv))));
+            let at = &r["at_peak"];
+            assert!(
+                u(&r, "peak_activations_bytes")
+                    >= u(at, "activations_bytes") + u(at, "temporaries_bytes")
+            );
+        }
+    }
+}
