@@ -26,10 +26,10 @@ pub struct Cli {
     /// Model description (TOML or JSON); `-` reads standard input.
     model: PathBuf,
     /// Micro-batch size.
-    #[arg(long, short = 'b', value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, short = 'b', value_parser = parse_positive)]
     batch: Option<u64>,
     /// Sequence length for token inputs.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = parse_positive)]
     seq: Option<u64>,
     /// Optimizer whose state is counted.
     #[arg(long, value_parser = VocabParser::<Optimizer>::new())]
@@ -46,7 +46,7 @@ pub struct Cli {
     /// Weights per group of `--dtype int4` (GPTQ/AWQ group size) [default: 128]
     #[arg(
         long,
-        value_parser = clap::value_parser!(u64).range(1..),
+        value_parser = parse_positive,
         long_help = "Weights per group of `--dtype int4` (GPTQ/AWQ group size)\n\n[default: 128]"
     )]
     group_size: Option<u64>,
@@ -60,7 +60,7 @@ pub struct Cli {
     )]
     double_quant: Option<bool>,
     /// LoRA: freeze the model and train rank-R adapters on the --lora-targets projections.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = parse_positive)]
     lora_rank: Option<u64>,
     /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
     /// suffixes, in memest's or PEFT's spelling (gate or gate_proj match *.gate_proj; q_proj is
@@ -74,7 +74,7 @@ pub struct Cli {
     lora_targets: Vec<String>,
     /// Inference over N tokens of context: --mode infer with a sequence length of N (the KV cache
     /// of causal attention holds N tokens).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with_all = ["mode", "seq"])]
+    #[arg(long, value_parser = parse_positive, conflicts_with_all = ["mode", "seq"])]
     context: Option<u64>,
     /// dtype of the inference KV cache (e.g. fp8, bfloat16); default: the activation dtype.
     #[arg(long, value_parser = parse_dtype)]
@@ -186,6 +186,18 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 fn parse_sweep(s: &str) -> Result<Sweep, String> {
     s.parse()
         .map_err(|e: memest::sweep::SweepError| e.to_string())
+}
+
+/// A count of at least 1 (`--batch`, `--seq`, …), with a message in plain words.
+fn parse_positive(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("expected a whole number of at least 1, got 0".into()),
+        Ok(n) => Ok(n),
+        Err(_) if !s.trim().is_empty() && s.trim().bytes().all(|b| b.is_ascii_digit()) => Err(
+            format!("expected a whole number of at least 1, got {s}, which is too large"),
+        ),
+        Err(_) => Err(format!("expected a whole number of at least 1, got `{s}`")),
+    }
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {

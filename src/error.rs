@@ -294,6 +294,52 @@ impl fmt::Display for Located {
 /// No `source`: the message already includes the error's (`{:#}` chains would repeat it).
 impl std::error::Error for Located {}
 
+/// serde's type and value complaints in a reader's words: `invalid type: string "x", expected
+/// u64` becomes `expected a whole number (0 or more), got the string "x"`, `integer \`-3\``
+/// becomes `-3`, `integer \`N\` as i128` becomes `N`, and Rust type names (`u64`, `f64`, `bool`,
+/// `a sequence`, `struct …`) become `a whole number`, `a number`, `true or false`, `a list`,
+/// `a table`. Any other message is returned as it is.
+#[must_use]
+pub fn humane(message: &str) -> String {
+    let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+    else {
+        return message.to_string();
+    };
+    let Some((got, expected)) = rest.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let quoted = |s: &str| s.split('`').nth(1).map(str::to_string);
+    let got = if let Some(s) = got.strip_prefix("string ") {
+        format!("the string {s}")
+    } else if got.ends_with(" as i128") || got.ends_with(" as u128") {
+        format!("{}, which is too large", quoted(got).unwrap_or_default())
+    } else if got.starts_with("integer `") || got.starts_with("floating point `") {
+        quoted(got).unwrap_or_else(|| got.to_string())
+    } else if got.starts_with("boolean `") {
+        quoted(got).unwrap_or_else(|| got.to_string())
+    } else {
+        match got {
+            "sequence" => "a list".to_string(),
+            "map" => "a table".to_string(),
+            "unit value" | "null" => "nothing (null)".to_string(),
+            other => other.to_string(),
+        }
+    };
+    let expected = match expected.trim() {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a whole number (0 or more)".to_string(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "a whole number".to_string(),
+        "f32" | "f64" => "a number".to_string(),
+        "a boolean" | "bool" => "true or false".to_string(),
+        "a sequence" => "a list".to_string(),
+        "a string" => "text (a quoted string)".to_string(),
+        e if e.starts_with("struct ") || e == "a map" => "a table of keys".to_string(),
+        e => e.to_string(),
+    };
+    format!("expected {expected}, got {got}")
+}
+
 /// How similar a candidate must be to be suggested: its normalized Damerau-Levenshtein
 /// similarity (1 − edits / longer length, a transposition counting as one edit).
 const MIN_SIMILARITY: f64 = 0.6;
@@ -303,7 +349,11 @@ const MIN_SIMILARITY: f64 = 0.6;
 pub const MAX_SUGGESTED_LEN: usize = 64;
 
 /// The candidate most like `word` (the first of equals), if it is close enough to be a likely
-/// typo: at most 2 edits in 5 characters, 4 in 10 (see `MIN_SIMILARITY`).
+/// typo: the same word in another case (`AdamW` is `adamw`), or at most 2 edits in 5
+/// characters, 4 in 10 (see `MIN_SIMILARITY`), compared without case. Not suggested, because
+/// they name another thing rather than misspell this one: a candidate that differs only in its
+/// digits (`conv3d` is not `conv1d`), or, for a word under 5 characters, one that does not start
+/// with the same letter (`elu` is not `relu`).
 /// Words longer than [`MAX_SUGGESTED_LEN`] characters get no suggestion (the comparison costs
 /// the product of the two lengths).
 #[must_use]
@@ -312,8 +362,25 @@ pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     if len > MAX_SUGGESTED_LEN {
         return None;
     }
+    if let Some(&same) = candidates
+        .iter()
+        .find(|c| c.chars().count() == len && c.eq_ignore_ascii_case(word))
+    {
+        return Some(same);
+    }
+    let lower = word.to_lowercase();
+    let letters = |s: &str| -> String { s.chars().filter(|c| !c.is_ascii_digit()).collect() };
+    let first = |s: &str| s.chars().next().map(|c| c.to_ascii_lowercase());
     let mut best: Option<(f64, &'a str)> = None;
     for &c in candidates {
+        let c_lower = c.to_lowercase();
+        if c_lower != lower && letters(&c_lower) == letters(&lower) && c_lower.len() == lower.len()
+        {
+            continue;
+        }
+        if len < 5 && first(c) != first(word) {
+            continue;
+        }
         // The edit distance is at least the difference of the lengths, so a candidate whose
         // length ratio is under the threshold (with a character to spare against rounding)
         // cannot be close enough: skipped before the quadratic comparison.
@@ -323,7 +390,7 @@ pub fn nearest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
         if (short as f64) + 1.0 < MIN_SIMILARITY * long as f64 {
             continue;
         }
-        let score = strsim::normalized_damerau_levenshtein(word, c);
+        let score = strsim::normalized_damerau_levenshtein(&lower, &c_lower);
         if score >= MIN_SIMILARITY && best.is_none_or(|(b, _)| score > b) {
             best = Some((score, c));
         }
@@ -358,6 +425,48 @@ mod tests {
         );
         // The length filter drops only candidates that could not reach the threshold.
         assert_eq!(nearest("abc", &["abcde"]), Some("abcde")); // 3/5 = 0.6
+    }
+
+    #[test]
+    fn serde_words_become_plain_ones() {
+        assert_eq!(
+            humane("invalid type: string \"x\", expected u64"),
+            "expected a whole number (0 or more), got the string \"x\""
+        );
+        assert_eq!(
+            humane("invalid value: integer `-3`, expected u64"),
+            "expected a whole number (0 or more), got -3"
+        );
+        assert_eq!(
+            humane("invalid type: integer `99999999999999999999` as i128, expected u64"),
+            "expected a whole number (0 or more), got 99999999999999999999, which is too large"
+        );
+        assert_eq!(
+            humane("invalid type: floating point `1.5`, expected u64"),
+            "expected a whole number (0 or more), got 1.5"
+        );
+        assert_eq!(
+            humane("invalid type: string \"yes\", expected a boolean"),
+            "expected true or false, got the string \"yes\""
+        );
+        assert_eq!(humane("missing field `kind`"), "missing field `kind`");
+    }
+
+    #[test]
+    fn nearest_knows_case_and_other_things() {
+        assert_eq!(nearest("AdamW", &["adam", "adamw"]), Some("adamw"));
+        assert_eq!(nearest("ReLU", &["relu6", "relu"]), Some("relu"));
+        assert_eq!(nearest("Lienar", &["linear"]), Some("linear"));
+        // Real names of other things: no suggestion.
+        assert_eq!(nearest("elu", &["relu", "gelu", "silu"]), None);
+        assert_eq!(nearest("conv3d", &["conv1d", "conv2d"]), None);
+        assert_eq!(
+            nearest("batchnorm3d", &["batchnorm1d", "batchnorm2d"]),
+            None
+        );
+        // Typos still are.
+        assert_eq!(nearest("rleu", &["relu", "gelu"]), Some("relu"));
+        assert_eq!(nearest("conv2", &["conv1d", "conv2d"]), Some("conv2d"));
     }
 
     #[test]

@@ -339,7 +339,11 @@ fn improve(message: &str, key: Option<&str>) -> String {
         let what = key.map_or_else(|| "value".to_string(), |k| format!("`{k}` value"));
         (what, rest)
     } else {
-        return message.to_string();
+        let plain = crate::error::humane(message);
+        return match key {
+            Some(k) if plain != message => format!("`{k}`: {plain}"),
+            _ => plain,
+        };
     };
     let Some((field, expected)) = rest.split_once('`') else {
         return message.to_string();
@@ -432,7 +436,10 @@ mod tests {
             panic!("expected a spec error")
         };
         assert_eq!(e.line, Some(3));
-        assert!(e.message.contains("expected u64"), "{}", e.message);
+        assert_eq!(
+            e.message,
+            "`out_features`: expected a whole number (0 or more), got the string \"x\""
+        );
     }
 
     #[test]

@@ -169,7 +169,8 @@ pub enum Device {
     /// PyTorch's CPU kernels (dropout keeps a noise tensor in the input's dtype).
     Cpu,
     /// PyTorch's CUDA kernels (dropout keeps a 1-byte mask; autocast runs norms and softmax in
-    /// float32).
+    /// float32). Alias `gpu`.
+    #[value(alias = "gpu")]
     Cuda,
 }
 crate::vocab!(Device, "device");
@@ -184,6 +185,7 @@ mod tests {
         assert_eq!(Mode::parse("EVAL"), Some(Mode::Infer));
         assert_eq!(AttentionImpl::parse("SDPA"), Some(AttentionImpl::Flash));
         assert_eq!(Device::parse("cuda"), Some(Device::Cuda));
+        assert_eq!(Device::parse("GPU"), Some(Device::Cuda));
         assert_eq!(Mode::parse("trian"), None);
         assert_eq!(
             Mode::unknown("trian"),

@@ -4,8 +4,8 @@
 //! default, and the default often depends on the family (see [`super::DECODERS`]). Unknown keys
 //! are ignored (configs carry dozens memest has no use for). A field of the wrong type is an
 //! [`Error::Hf`] with the field's path and the position serde_json reports, e.g.
-//! `1:62: Hugging Face config (model_type gpt2): \`n_embd\`: invalid type: string "768",
-//! expected u64`; a missing or out-of-range value is an [`Error::Hf`] naming the field.
+//! `1:62: Hugging Face config (model_type gpt2): \`n_embd\`: expected a whole number (0 or more),
+//! got the string "768"`; a missing or out-of-range value is an [`Error::Hf`] naming the field.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -142,9 +142,10 @@ pub(super) fn read<T: DeserializeOwned>(text: &str, model_type: Option<&str>) ->
         let inner = e.into_inner();
         let (line, column) = (inner.line(), inner.column());
         let full = inner.to_string();
-        let message = full
-            .strip_suffix(&format!(" at line {line} column {column}"))
-            .unwrap_or(&full);
+        let message = crate::error::humane(
+            full.strip_suffix(&format!(" at line {line} column {column}"))
+                .unwrap_or(&full),
+        );
         let field = (path != ".").then_some(path);
         Error::Hf(HfError {
             model_type: model_type.map(str::to_string),

@@ -661,7 +661,7 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("hidden_size"));
         assert_eq!(
             e.message,
-            "`hidden_size`: invalid type: string \"x\", expected u64"
+            "`hidden_size`: expected a whole number (0 or more), got the string \"x\""
         );
     }
 }

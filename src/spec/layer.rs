@@ -363,15 +363,16 @@ impl Serialize for LayerKind {
 impl<'de> Deserialize<'de> for LayerKind {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        LayerKind::from_name(&s).ok_or_else(|| serde::de::Error::custom(unknown_kind(&s)))
+        LayerKind::parse_name(&s).ok_or_else(|| serde::de::Error::custom(unknown_kind(&s)))
     }
 }
 
 impl LayerKind {
-    /// The kind a file's `kind` value names (its canonical name or an alias).
+    /// The kind a file's `kind` value names (its canonical name or an alias, in any case:
+    /// `Linear` is `linear`, as flags and closed-set values read them).
     #[must_use]
     pub fn parse_name(s: &str) -> Option<LayerKind> {
-        LayerKind::from_name(s)
+        LayerKind::from_name(s).or_else(|| LayerKind::from_name(&s.to_ascii_lowercase()))
     }
 }
 

@@ -587,3 +587,42 @@ fn an_unknown_kind_comes_before_its_keys() {
     );
     assert!(fails(&[m.arg()]).contains("unknown layer kind `linaer` (did you mean `linear`?)"));
 }
+
+/// Suggestions that help: none for a real name of another thing (`elu` is not `relu`, `conv3d`
+/// not `conv1d`); the case of a name is not a typo (`AdamW` in a file is `adamw`); `gpu` is
+/// `cuda`. Messages use no Rust type names.
+#[test]
+fn suggestions_help_or_stay_silent() {
+    for (kind, wrong) in [("elu", "relu"), ("conv3d", "conv1d")] {
+        let m = TempModel::new(
+            "toml",
+            &format!("[input]\nshape = [8]\n[[layers]]\nkind = \"{kind}\"\n"),
+        );
+        let err = fails(&[m.arg()]);
+        assert!(
+            err.contains(&format!("unknown layer kind `{kind}`; expected one of")),
+            "{err}"
+        );
+        assert!(!err.contains(&format!("did you mean `{wrong}`")), "{err}");
+    }
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n[defaults]\noptimizer = \"AdamW\"\n[[layers]]\nkind = \"Linear\"\nout_features = 4\n",
+    );
+    let out = memest(&[m.arg(), "--device", "gpu", "--format", "json"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["settings"]["optimizer"], "adamw");
+    assert_eq!(v["settings"]["device"], "cuda");
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n[[layers]]\nkind = \"linear\"\nout_features = 99999999999999999999\n",
+    );
+    let err = fails(&[m.arg()]);
+    assert!(
+        err.ends_with(
+            ":5:16: `out_features`: expected a whole number (0 or more), got 99999999999999999999, which is too large\n"
+        ),
+        "{err}"
+    );
+}
