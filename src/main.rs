@@ -25,7 +25,7 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", shown(&format!("{err:#}")));
             ExitCode::from(2)
         }
     }
@@ -50,7 +50,7 @@ fn run(req: Request) -> Result<ExitCode> {
     }
     let report = memest::run(&spec, &input.name, &req.query).map_err(located)?;
     for w in &report.warnings {
-        eprintln!("warning: {}", w.message(origin));
+        eprintln!("warning: {}", shown(&w.message(origin)));
     }
     let units = req.output.units;
     if let Some(path) = &req.output.timeline
@@ -65,22 +65,26 @@ fn run(req: Request) -> Result<ExitCode> {
             writeln!(out, "{text}")?;
         }
         OutputFormat::Markdown => {
-            write!(out, "{}", memest::render::markdown::summary(&report, units))?;
+            write!(
+                out,
+                "{}",
+                shown(&memest::render::markdown::summary(&report, units))
+            )?;
         }
         OutputFormat::Csv => {
             write!(
                 out,
                 "{}",
-                memest::render::csv::rows(std::slice::from_ref(&report))
+                shown(&memest::render::csv::rows(std::slice::from_ref(&report)))
             )?;
         }
         OutputFormat::Table => {
-            write!(out, "{}", memest::render::summary(&report, units))?;
+            write!(out, "{}", shown(&memest::render::summary(&report, units)))?;
             if req.output.per_layer {
-                write!(out, "{}", memest::render::per_layer(&report, units))?;
+                write!(out, "{}", shown(&memest::render::per_layer(&report, units)))?;
             }
             if req.output.explain {
-                write!(out, "{}", memest::render::explain(&report, units))?;
+                write!(out, "{}", shown(&memest::render::explain(&report, units)))?;
             }
         }
     }
@@ -97,6 +101,28 @@ fn run(req: Request) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Text for the terminal: names come from files, so control characters in them (an ANSI escape
+/// `\x1b[31m`, a carriage return) are shown escaped (`\u{1b}[31m`) rather than acted on; line
+/// breaks and tabs stay.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// Prints a sweep in the chosen format; exit 1 when some value is over the budget (one line on
 /// stderr naming them).
 fn print_sweep(
@@ -110,7 +136,7 @@ fn print_sweep(
     for w in swept.sweep.iter().flat_map(|r| &r.warnings) {
         if !warned.contains(w) {
             warned.push(*w);
-            eprintln!("warning: {}", w.message(origin));
+            eprintln!("warning: {}", shown(&w.message(origin)));
         }
     }
     let reports = &swept.sweep;
@@ -124,11 +150,15 @@ fn print_sweep(
             write!(
                 out,
                 "{}",
-                memest::render::markdown::sweep(reports, sweep, units)
+                shown(&memest::render::markdown::sweep(reports, sweep, units))
             )?;
         }
-        OutputFormat::Csv => write!(out, "{}", memest::render::csv::rows(reports))?,
-        OutputFormat::Table => write!(out, "{}", memest::render::sweep(reports, sweep, units))?,
+        OutputFormat::Csv => write!(out, "{}", shown(&memest::render::csv::rows(reports)))?,
+        OutputFormat::Table => write!(
+            out,
+            "{}",
+            shown(&memest::render::sweep(reports, sweep, units))
+        )?,
     }
     out.flush()?;
     let over: Vec<String> = reports

@@ -638,3 +638,36 @@ fn budget_units_in_any_case() {
         assert_eq!(u(&r["budget"], "budget_bytes"), bytes, "{text}");
     }
 }
+
+/// Names from files reach the terminal escaped: an ANSI escape in a model or layer name (table)
+/// or in a kind (error) is shown as `\u{1b}`, never sent raw.
+#[test]
+fn control_characters_in_names_are_escaped() {
+    let m = TempModel::new(
+        "toml",
+        "name = \"evil\\u001b[31mred\"\n[input]\nshape = [8]\n[[layers]]\nkind = \"linear\"\nname = \"fc\\u001b[2J\"\nout_features = 4\n",
+    );
+    let out = memest(&[m.arg(), "--per-layer"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let text = stdout(&out);
+    assert!(!text.contains('\u{1b}'), "{text}");
+    assert!(
+        text.starts_with("model: evil\\u{1b}[31mred  input: [1, 8]\n"),
+        "{text}"
+    );
+    assert!(text.contains("│ fc\\u{1b}[2J ┆ linear"), "{text}");
+    // JSON keeps the name as it is (JSON escapes it).
+    assert_eq!(report(&[m.arg()])["model"], "evil\u{1b}[31mred");
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n[[layers]]\nkind = \"lin\\u001b[31mear\"\n",
+    );
+    let out = memest(&[m.arg()]);
+    assert_eq!(code(&out), 2);
+    let err = stderr(&out);
+    assert!(!err.contains('\u{1b}'), "{err}");
+    assert!(
+        err.contains("unknown layer kind `lin\\u{1b}[31mear`"),
+        "{err}"
+    );
+}
