@@ -146,8 +146,11 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = Head::Auto)]
     head: Head,
     /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face
-    /// config.json, and exit.
-    #[arg(long)]
+    /// config.json, and exit (no estimate: the output and budget flags are refused with it).
+    #[arg(
+        long,
+        conflicts_with_all = ["format", "budget", "si", "per_layer", "sweep", "explain", "timeline"]
+    )]
     print_model: bool,
 }
 
@@ -381,7 +384,8 @@ impl Cli {
             Some(DtypeArg::Float(d)) => (Some(d), None),
             Some(DtypeArg::Quant(q)) => (Some(DType::Bfloat16), Some(q)),
         };
-        let (quant, warning) = Quant::resolve(base_quant, self.group_size, self.double_quant);
+        let (quant, quant_warnings) =
+            Quant::resolve(base_quant, self.group_size, self.double_quant);
         let overrides = Overrides {
             batch: self.batch,
             seq: self.context.or(self.seq),
@@ -427,7 +431,7 @@ impl Cli {
                 overrides,
                 budget: self.budget,
                 search,
-                warnings: warning.into_iter().collect(),
+                warnings: quant_warnings,
                 observe: memest::sim::Observe {
                     timeline: self.timeline.is_some(),
                     explain: self.explain,

@@ -165,6 +165,11 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
             .warnings
             .push(report::Warning::SeqPastMaxPositions { seq, max_positions });
     }
+    if o.attention.is_some() && !has_attention(&spec.layers) {
+        report
+            .warnings
+            .push(report::Warning::AttentionWithoutAttention);
+    }
     if o.seq.is_some() && !spec.input.shape.contains(&spec::DimSpec::Seq) {
         report.warnings.insert(0, report::Warning::SeqWithoutSeqDim);
     }
@@ -210,6 +215,16 @@ pub fn run_sweep(
         dimension: sweep.name(),
         values: sweep.values.clone(),
         sweep: reports,
+    })
+}
+
+/// Whether any layer (inside blocks too) is an attention layer, which `--attention` acts on.
+fn has_attention(layers: &[spec::LayerSpec]) -> bool {
+    layers.iter().any(|l| {
+        matches!(
+            l.kind,
+            spec::LayerKind::Attention | spec::LayerKind::CrossAttention
+        ) || l.layers.as_deref().is_some_and(has_attention)
     })
 }
 
@@ -295,7 +310,11 @@ pub fn estimate_observed(
     observe: sim::Observe,
 ) -> Result<Report, Error> {
     let model = graph::build(spec, name)?;
-    let settings = settings::Settings::resolve(&model.defaults, overrides)?;
+    let mut settings = settings::Settings::resolve(&model.defaults, overrides)?;
+    if !model.input_dims.contains(&spec::DimSpec::Seq) {
+        // Without a "seq" dimension a sequence length sets nothing (a warning says so).
+        settings.seq = None;
+    }
     let tape = trace::trace(&model, &settings)?;
     let sim = sim::simulate_observed(&tape, &settings, observe)?;
     Ok(Report::new(&model.name, &settings, &tape, &sim, budget))

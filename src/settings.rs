@@ -56,7 +56,7 @@ impl Quant {
         base: Option<Quant>,
         group_size: Option<u64>,
         double_quant: Option<bool>,
-    ) -> (Option<Quant>, Option<crate::warning::Warning>) {
+    ) -> (Option<Quant>, Vec<crate::warning::Warning>) {
         let given = group_size.is_some() || double_quant.is_some();
         let quant = base.map(|q| match q {
             Quant::Nf4 { double_quant: d } => Quant::Nf4 {
@@ -67,9 +67,22 @@ impl Quant {
             },
             other => other,
         });
-        let warning =
-            (given && quant.is_none()).then_some(crate::warning::Warning::QuantFlagsWithoutQuant);
-        (quant, warning)
+        use crate::warning::Warning;
+        let warnings = match quant {
+            None if given => vec![Warning::QuantFlagsWithoutQuant],
+            None => Vec::new(),
+            Some(q) => {
+                let mut w = Vec::new();
+                if group_size.is_some() && !matches!(q, Quant::Int4 { .. }) {
+                    w.push(Warning::GroupSizeWithoutInt4);
+                }
+                if double_quant.is_some() && !matches!(q, Quant::Nf4 { .. }) {
+                    w.push(Warning::DoubleQuantWithoutNf4);
+                }
+                w
+            }
+        };
+        (quant, warnings)
     }
 }
 

@@ -15,6 +15,12 @@ pub enum Warning {
     QuantFlagsWithoutQuant,
     /// `--checkpoint` on a model without repeated blocks.
     CheckpointWithoutBlocks,
+    /// `--attention` on a model without attention layers.
+    AttentionWithoutAttention,
+    /// `--group-size` with a quantized format other than int4 (GPTQ groups).
+    GroupSizeWithoutInt4,
+    /// `--double-quant` with a quantized format other than nf4 (bitsandbytes).
+    DoubleQuantWithoutNf4,
     /// A sequence longer than the model was trained for (`max_positions`, a config's
     /// `max_position_embeddings`), without `--allow-long-context`.
     SeqPastMaxPositions {
@@ -46,6 +52,17 @@ impl Warning {
             }
             Warning::CheckpointWithoutBlocks => {
                 format!("--checkpoint has no effect: {origin} has no repeated blocks to checkpoint")
+            }
+            Warning::AttentionWithoutAttention => {
+                format!("--attention has no effect: {origin} has no attention layers")
+            }
+            Warning::GroupSizeWithoutInt4 => {
+                "--group-size applies only to --dtype int4 (GPTQ groups); it has no effect here"
+                    .to_string()
+            }
+            Warning::DoubleQuantWithoutNf4 => {
+                "--double-quant applies only to --dtype nf4 (bitsandbytes); it has no effect here"
+                    .to_string()
             }
             Warning::SeqPastMaxPositions { seq, max_positions } => format!(
                 "sequence length {seq} is past the {max_positions} positions {origin} was trained for (max_position_embeddings); --allow-long-context silences this"

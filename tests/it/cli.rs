@@ -671,3 +671,57 @@ fn control_characters_in_names_are_escaped() {
         "{err}"
     );
 }
+
+/// Every flag acts, warns or is refused: `--attention` on a CNN, `--group-size` under nf4 and
+/// `--double-quant` under int8 warn; `--print-model` refuses the output and budget flags; the
+/// `run:` line of a CNN given `--seq` shows no sequence length.
+#[test]
+fn flags_that_do_nothing_warn_or_are_refused() {
+    assert_eq!(
+        warnings(&["examples/resnet18.toml", "--attention", "eager"]),
+        ["warning: --attention has no effect: examples/resnet18.toml has no attention layers"]
+    );
+    assert_eq!(
+        warnings(&[
+            "examples/llama_tiny.toml",
+            "--dtype",
+            "nf4",
+            "--group-size",
+            "64"
+        ]),
+        ["warning: --group-size applies only to --dtype int4 (GPTQ groups); it has no effect here"]
+    );
+    assert_eq!(
+        warnings(&[
+            "examples/llama_tiny.toml",
+            "--dtype",
+            "int8",
+            "--double-quant",
+            "true"
+        ]),
+        [
+            "warning: --double-quant applies only to --dtype nf4 (bitsandbytes); it has no effect here"
+        ]
+    );
+    // Attention inside a repeated block counts.
+    assert!(warnings(&["examples/llama_tiny.toml", "--attention", "eager"]).is_empty());
+    for flags in [&["--format", "json"][..], &["--budget", "24GiB"]] {
+        let out = memest(&[&["examples/mlp.toml", "--print-model"][..], flags].concat());
+        assert_eq!(code(&out), 2, "{flags:?}");
+        assert!(
+            stderr(&out).starts_with(&format!(
+                "error: the argument '--print-model' cannot be used with '{}",
+                flags[0]
+            )),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = memest(&["examples/resnet18.toml", "--seq", "128"]);
+    assert_eq!(code(&out), 0);
+    let text = stdout(&out);
+    let run = text.lines().find(|l| l.starts_with("run:")).unwrap();
+    assert!(!run.contains("seq"), "{run}");
+    let r = report(&["examples/resnet18.toml"]);
+    assert!(r["settings"]["seq"].is_null());
+}
