@@ -69,3 +69,83 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
         .expect("deep model estimates")
     });
 }
+
+/// Llama-3.1-405B's config (126 decoder layers), a training step at 8,192 tokens. Target: at
+/// most 5 ms.
+#[divan::bench(sample_count = 10)]
+fn llama_3_1_405b_config(bencher: divan::Bencher) {
+    let src = example("hf/llama-3.1-405b.json");
+    let overrides = Overrides {
+        seq: Some(8192),
+        ..Overrides::default()
+    };
+    bencher.bench(|| {
+        memest::estimate(
+            divan::black_box(&src),
+            Format::Json,
+            "llama-3.1-405b",
+            &overrides,
+            None,
+        )
+        .expect("config estimates")
+    });
+}
+
+/// A repeat of 100,000 copies of `linear(512) + relu`. Target: at most 50 ms and 32 MiB RSS
+/// (the RSS is measured on the binary: `/usr/bin/time -f %M memest FILE`).
+#[divan::bench(sample_count = 3, sample_size = 1)]
+fn repeat_100k_copies(bencher: divan::Bencher) {
+    let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
+    bencher.bench(|| {
+        memest::estimate(
+            divan::black_box(src),
+            Format::Toml,
+            "repeat",
+            &Overrides::default(),
+            None,
+        )
+        .expect("repeat estimates")
+    });
+}
+
+/// 100,000 `relu` layers in one flat list, named (`name = "rN"`) or not (each gets a default
+/// name checked against its siblings' names). Target: at most 300 ms, linear in the count.
+#[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
+fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
+    let mut src = String::from("[input]\nshape = [16]\n");
+    for i in 0..n {
+        src.push_str("[[layers]]\nkind = \"relu\"\n");
+        if named {
+            src.push_str(&format!("name = \"r{i}\"\n"));
+        }
+    }
+    bencher.bench(|| {
+        memest::estimate(
+            divan::black_box(&src),
+            Format::Toml,
+            "flat",
+            &Overrides::default(),
+            None,
+        )
+        .expect("flat model estimates")
+    });
+}
+
+/// `--max-batch` on Llama-2-7B's config, inference at 4,096 tokens with an 80 GB budget, to
+/// compare with one estimate (`llama_2_7b_config`). Target: at most 3 times one estimate.
+#[divan::bench(sample_count = 3, sample_size = 1)]
+fn llama_2_7b_max_batch(bencher: divan::Bencher) {
+    let src = example("hf/llama-2-7b.json");
+    let spec = memest::load_spec(&src, Format::Json, memest::hf::Head::Auto).expect("config");
+    let query = memest::Query {
+        overrides: Overrides {
+            seq: Some(4096),
+            mode: Some(memest::settings::Mode::Infer),
+            ..Overrides::default()
+        },
+        budget: Some(80_000_000_000),
+        search: Some(memest::report::Dimension::Batch),
+        ..memest::Query::default()
+    };
+    bencher.bench(|| memest::run(divan::black_box(&spec), "llama-2-7b", &query).expect("search"));
+}

@@ -34,6 +34,10 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // q, k, v, o 4·4096² + q_norm, k_norm 2·4096 + MLP 3·4096·11008 + two norms 2·4096
     // = 202_391_552, times 32; final norm 4096.
     ("examples/hf/olmo-2-1124-7b.json", 7_298_617_344),
+    // Llama-3.1-405B: embeddings and untied head 2·128256·16384 = 4_202_692_608; per layer
+    // q, o 2·16384² + k, v 2·16384·1024 + MLP 3·16384·53248 + two norms 2·16384
+    // = 3_187_703_808, times 126; final norm 16384.
+    ("examples/hf/llama-3.1-405b.json", 405_853_388_800),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it).

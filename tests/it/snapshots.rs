@@ -128,6 +128,7 @@ mod example {
         hf_gpt2 => "examples/hf/gpt2.json",
         hf_llama_2_7b => "examples/hf/llama-2-7b.json",
         hf_llama_3_8b => "examples/hf/llama-3-8b.json",
+        hf_llama_3_1_405b => "examples/hf/llama-3.1-405b.json",
         hf_llama_tiny => "examples/hf/llama_tiny.json",
         hf_mistral_7b_v0_1 => "examples/hf/mistral-7b-v0.1.json",
         hf_mixtral_8x7b => "examples/hf/mixtral-8x7b.json",
