@@ -31,42 +31,133 @@ pub fn max_fitting(
     )
 }
 
-/// The largest `v ≥ 1` whose estimate fits its budget: doubling, then bisection (estimates grow
-/// with batch and context), from 1 or, when 1 does not fit or is invalid, from `start`. Values
-/// whose estimate fails (an invalid shape, a size overflow) count as not fitting; the search
-/// stops doubling at 2^40.
+/// The largest `v ≥ 1` whose estimate fits its budget, from 1 or, when 1 does not fit or is
+/// invalid, from `start`. Values whose estimate fails (an invalid shape, a size overflow) count
+/// as not fitting; the search goes no higher than 2^40. Estimates grow with batch and context,
+/// so the answer is the `v` that fits while `v + 1` does not: see [`bracket`] for how it is
+/// found in a few estimates.
 pub fn largest_fitting(
     estimate_at: impl Fn(u64) -> Option<Report>,
     start: u64,
 ) -> Option<(u64, Report)> {
-    let fits = |v: u64| estimate_at(v).filter(|r| r.budget.as_ref().is_some_and(|b| b.fits));
-    let mut best = match fits(1) {
-        Some(r) => (1, r),
-        None => (start, fits(start)?),
+    bracket(
+        |v| {
+            estimate_at(v).map(|r| {
+                let fits = r.budget.as_ref().is_some_and(|b| b.fits);
+                let budget = r.budget.as_ref().map_or(0, |b| b.budget_bytes);
+                (
+                    Probe {
+                        total: r.total_bytes,
+                        budget,
+                        fits,
+                    },
+                    r,
+                )
+            })
+        },
+        start,
+    )
+}
+
+/// The highest value [`bracket`] tries.
+pub const SEARCH_LIMIT: u64 = 1 << 40;
+
+/// One estimate as the search sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// The estimate's total, in bytes.
+    pub total: u64,
+    /// The budget, in bytes.
+    pub budget: u64,
+    /// Whether the total fits the budget.
+    pub fits: bool,
+}
+
+/// The largest `v` in `1..=SEARCH_LIMIT` that fits, with its estimate, assuming that fitting is
+/// monotone (every value below a fitting one fits): the answer is the `lo` of a bracket
+/// `lo` fits, `hi = lo + 1` does not (or `lo` = [`SEARCH_LIMIT`]).
+///
+/// Estimates are nearly always affine in the batch, or piecewise affine and convex where the
+/// peak moves from one phase to another, so the next value tried is where a line meets the
+/// budget: after a fitting estimate, the line through the two highest fitting ones (for an
+/// affine estimate, the answer); after a failing one, the chord from the highest fitting to
+/// the lowest failing estimate (for a convex one, a value that fits). Lines only choose where to
+/// look: the answer is always confirmed by real estimates at it and one past it. Going up, a
+/// step multiplies the value by at most 1024; when three estimates have not halved the bracket,
+/// the next one does. An affine estimate takes four estimates (1, 2, the crossing, one past it)
+/// where doubling and bisection take about twice the answer's bit length.
+pub fn bracket<T>(eval: impl Fn(u64) -> Option<(Probe, T)>, start: u64) -> Option<(u64, T)> {
+    let fits = |v: u64| eval(v).filter(|(p, _)| p.fits);
+    let (mut lo, mut lo_probe, mut lo_value) = match fits(1) {
+        Some((p, t)) => (1, p, t),
+        None => {
+            let (p, t) = fits(start)?;
+            (start, p, t)
+        }
     };
-    let mut hi = best.0.saturating_mul(2);
+    // Another fitting estimate below `lo`, for the line through the two.
+    let mut prev: Option<(u64, u64)> = None;
+    // The lowest value known not to fit, with its total when it has one.
+    let mut hi: Option<(u64, Option<u64>)> = None;
+    // Whether the last estimate fitted, and the bracket's width three estimates ago.
+    let mut last_fit = true;
+    let (mut mark, mut since) = (u64::MAX, 0u32);
     loop {
-        match fits(hi) {
-            Some(r) if hi < (1 << 40) => {
-                best = (hi, r);
-                hi *= 2;
+        if lo >= SEARCH_LIMIT {
+            return Some((lo, lo_value));
+        }
+        let budget = lo_probe.budget;
+        let upper = prev.and_then(|p| crossing(p, (lo, lo_probe.total), budget));
+        let next = match hi {
+            Some((h, _)) if h - lo <= 1 => return Some((lo, lo_value)),
+            Some((h, h_total)) => {
+                // Halve the bracket when three estimates did not.
+                since += 1;
+                let stalled = since == 3 && h - lo > mark / 2;
+                if since == 3 {
+                    (mark, since) = (h - lo, 0);
+                }
+                let chord = h_total.and_then(|ht| crossing((lo, lo_probe.total), (h, ht), budget));
+                let line = match (stalled, last_fit) {
+                    (true, _) => None,
+                    (false, true) => upper.or(chord),
+                    (false, false) => chord,
+                };
+                line.map_or(lo + (h - lo) / 2, |g| g.clamp(lo + 1, h - 1))
             }
-            Some(r) => return Some((hi, r)),
-            None => break,
+            // Upward, at most 1024 times `lo` per step (the line may be far too flat).
+            None => upper
+                .map_or(lo.saturating_mul(2), |g| {
+                    g.clamp(lo + 1, lo.saturating_mul(1024))
+                })
+                .min(SEARCH_LIMIT),
+        };
+        match eval(next) {
+            Some((p, t)) if p.fits => {
+                prev = Some((lo, lo_probe.total));
+                (lo, lo_probe, lo_value) = (next, p, t);
+                last_fit = true;
+            }
+            Some((p, _)) => (hi, last_fit) = (Some((next, Some(p.total))), false),
+            None => (hi, last_fit) = (Some((next, None)), false),
         }
     }
-    let mut lo = best.0;
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        match fits(mid) {
-            Some(r) => {
-                best = (mid, r);
-                lo = mid;
-            }
-            None => hi = mid,
-        }
+}
+
+/// Where the line through `a` and `b` (value, total) reaches `budget`: the largest value whose
+/// point on the line is at most `budget`. `None` when the line does not rise.
+fn crossing(a: (u64, u64), b: (u64, u64), budget: u64) -> Option<u64> {
+    let ((x0, y0), (x1, y1)) = if a.0 <= b.0 { (a, b) } else { (b, a) };
+    if x1 == x0 || y1 <= y0 {
+        return None;
     }
-    Some(best)
+    let (dx, dy) = (u128::from(x1 - x0), u128::from(y1 - y0));
+    let x = if budget >= y0 {
+        u128::from(x0) + u128::from(budget - y0) * dx / dy
+    } else {
+        u128::from(x0).saturating_sub((u128::from(y0 - budget) * dx).div_ceil(dy))
+    };
+    Some(u64::try_from(x).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -103,6 +194,172 @@ mod tests {
         assert_eq!(n, 37);
         assert_eq!(r.settings.batch, 37);
         assert!(r.total_bytes <= budget);
+    }
+
+    /// The search as it was (doubling, then bisection), the reference for [`bracket`].
+    fn doubling_then_bisection(fits: impl Fn(u64) -> bool, start: u64) -> Option<u64> {
+        let mut best = if fits(1) {
+            1
+        } else if fits(start) {
+            start
+        } else {
+            return None;
+        };
+        let mut hi = best * 2;
+        loop {
+            if fits(hi) {
+                if hi >= SEARCH_LIMIT {
+                    return Some(hi);
+                }
+                best = hi;
+                hi *= 2;
+            } else {
+                break;
+            }
+        }
+        let mut lo = best;
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                best = mid;
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(best)
+    }
+
+    /// Runs [`bracket`] on `total` (`None`: the estimate fails) against `budget`; returns the
+    /// answer and the number of estimates.
+    fn run_bracket(
+        total: &dyn Fn(u64) -> Option<u64>,
+        budget: u64,
+        start: u64,
+    ) -> (Option<u64>, usize) {
+        let calls = std::cell::Cell::new(0);
+        let found = bracket(
+            |v| {
+                calls.set(calls.get() + 1);
+                total(v).map(|t| {
+                    (
+                        Probe {
+                            total: t,
+                            budget,
+                            fits: t <= budget,
+                        },
+                        v,
+                    )
+                })
+            },
+            start,
+        );
+        if let Some((v, t)) = found {
+            assert_eq!(v, t, "the estimate returned is the answer's");
+        }
+        (found.map(|(v, _)| v), calls.get())
+    }
+
+    #[test]
+    fn affine_takes_four_estimates() {
+        for budget in [1000, 1099, 1100, 5000, 123_456_789, 1 << 45] {
+            let total = |v: u64| Some(1000 + 100 * v);
+            let (found, calls) = run_bracket(&total, budget, 1);
+            let expected = doubling_then_bisection(|v| total(v).unwrap() <= budget, 1);
+            assert_eq!(
+                found,
+                expected.map(|e| e.min(SEARCH_LIMIT)),
+                "budget {budget}"
+            );
+            // 1, 2, the crossing and one past it (one more step per factor of 1024).
+            if expected.is_some_and(|e| e < 2048) {
+                assert!(calls <= 4, "budget {budget}: {calls} estimates");
+            } else {
+                assert!(calls <= 8, "budget {budget}: {calls} estimates");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// On any monotone estimate (the maximum of a few increasing affine pieces, failing
+        /// past a size), the search finds what doubling and bisection find, in at most about
+        /// three times their estimates.
+        #[test]
+        fn bracket_agrees_with_bisection(
+            pieces in proptest::collection::vec((0u64..1 << 40, 0u64..1 << 30), 1..4),
+            budget in 0u64..1 << 50,
+            fails_from in proptest::option::of(1u64..1 << 42),
+            start in 1u64..1000,
+            step in proptest::option::of(1u64..1 << 20),
+        ) {
+            let total = |v: u64| -> Option<u64> {
+                if fails_from.is_some_and(|f| v >= f) {
+                    return None;
+                }
+                let v = step.map_or(v, |s| v.div_ceil(s) * s); // a staircase: not affine
+                pieces
+                    .iter()
+                    .map(|&(a, b)| a.checked_add(b.checked_mul(v)?))
+                    .try_fold(0u64, |m, t| t.map(|t| m.max(t)))
+            };
+            let (found, calls) = run_bracket(&total, budget, start);
+            let expected = doubling_then_bisection(|v| total(v).is_some_and(|t| t <= budget), start);
+            proptest::prop_assert_eq!(found, expected.map(|e| e.min(SEARCH_LIMIT)));
+            proptest::prop_assert!(calls <= 3 * 84 + 8, "{} estimates", calls);
+        }
+    }
+
+    #[test]
+    fn examples_agree_with_bisection() {
+        // Real estimates, training (peaks that move between backward and the optimizer step)
+        // and inference, against the old search's answer.
+        for (file, dim, mode, budget) in [
+            (
+                "mlp.toml",
+                Dimension::Batch,
+                crate::settings::Mode::Train,
+                3 << 30,
+            ),
+            (
+                "resnet18.toml",
+                Dimension::Batch,
+                crate::settings::Mode::Train,
+                5 << 30,
+            ),
+            (
+                "llama_tiny.toml",
+                Dimension::Batch,
+                crate::settings::Mode::Train,
+                1 << 30,
+            ),
+            (
+                "llama_tiny.toml",
+                Dimension::Context,
+                crate::settings::Mode::Infer,
+                1 << 30,
+            ),
+        ] {
+            let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+            let src = std::fs::read_to_string(path).unwrap();
+            let spec = crate::spec::parse(&src, Format::Toml).unwrap();
+            let at = |v: u64| {
+                let mut o = Overrides {
+                    mode: Some(mode),
+                    ..Overrides::default()
+                };
+                match dim {
+                    Dimension::Batch => o.batch = Some(v),
+                    Dimension::Context => o.seq = Some(v),
+                }
+                crate::estimate_spec(&spec, "m", &o, Some(budget))
+                    .ok()
+                    .map(|r| r.total_bytes)
+            };
+            let (found, calls) = run_bracket(&at, budget, 1);
+            let expected = doubling_then_bisection(|v| at(v).is_some_and(|t| t <= budget), 1);
+            assert_eq!(found, expected, "{file}");
+            assert!(calls <= 6, "{file}: {calls} estimates for {found:?}");
+        }
     }
 
     #[test]
