@@ -64,14 +64,10 @@ pub struct Cli {
     lora_rank: Option<u64>,
     /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
     /// suffixes, in memest's or PEFT's spelling (gate or gate_proj match *.gate_proj; q_proj is
-    /// q). An entry that matches nothing is an error.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "q,k,v,o,gate,up,down",
-        requires = "lora_rank"
-    )]
-    lora_targets: Vec<String>,
+    /// q). A given entry that matches nothing is an error [default: those of
+    /// q,k,v,o,gate,up,down the model has]
+    #[arg(long, value_delimiter = ',', requires = "lora_rank")]
+    lora_targets: Option<Vec<String>>,
     /// Inference over N tokens of context: --mode infer with a sequence length of N (the KV cache
     /// of causal attention holds N tokens).
     #[arg(long, value_parser = parse_positive, conflicts_with_all = ["mode", "seq"])]
@@ -403,11 +399,11 @@ impl Cli {
             device: self.device,
             lora: self.lora_rank.map(|rank| Lora {
                 rank,
-                targets: self
-                    .lora_targets
-                    .iter()
-                    .map(|t| t.trim().to_string())
-                    .collect(),
+                strict: self.lora_targets.is_some(),
+                targets: self.lora_targets.as_ref().map_or_else(
+                    || Lora::DEFAULT_TARGETS.map(str::to_string).to_vec(),
+                    |given| given.iter().map(|t| t.trim().to_string()).collect(),
+                ),
             }),
             quant,
             kv_dtype: self.kv_dtype,

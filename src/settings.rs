@@ -41,6 +41,17 @@ pub struct Lora {
     /// Target projections: `q`, `k`, `v`, `o` (attention) and linear-layer names or suffixes
     /// (`gate`, `up`, `down` match `*.gate_proj`, `*.up_proj`, `*.down_proj`).
     pub targets: Vec<String>,
+    /// Whether every entry must match a projection (the targets were given): an entry that
+    /// matches nothing is then an error. The default list need only match something.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub strict: bool,
+}
+
+impl Lora {
+    /// The targets when none are given: every attention and MLP projection of a Llama-style
+    /// model (the list of most QLoRA recipes).
+    pub const DEFAULT_TARGETS: [&'static str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
 }
 
 /// `--group-size` and `--double-quant` belong to the command line, so their resolution is here

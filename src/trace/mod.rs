@@ -107,7 +107,12 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
             .filter(|(i, _)| !t.lora_matched.get(*i).copied().unwrap_or(false))
             .map(|(_, e)| e.as_str())
             .collect();
-        if !unmatched.is_empty() {
+        let refused = if lora.strict {
+            !unmatched.is_empty()
+        } else {
+            unmatched.len() == lora.targets.len()
+        };
+        if refused {
             let names = if t.lora_modules.is_empty() {
                 "this model has no linear layers".to_string()
             } else {

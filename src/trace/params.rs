@@ -158,24 +158,30 @@ impl Tracer<'_> {
 }
 
 /// Whether one `--lora-targets` entry matches a projection: PEFT's spelling (`q_proj`,
-/// `gate_proj`: the module name's last segment) or memest's short one (`q`, `gate`: that segment
-/// without `_proj`), or a dotted suffix of the module's name (`mlp.down_proj`). A fused `qkv`
-/// projection is matched by `q`, `k`, `v`, `qkv`, `c_attn` (GPT-2) and `in_proj`
-/// (`nn.MultiheadAttention`).
+/// `gate_proj`: the module name's last segment, exactly) or memest's short one (`q`, `gate`: that
+/// segment less `_proj`), or a dotted suffix of the module's name (`mlp.down_proj`). Attention
+/// projections are the tags `q`, `k`, `v`, `o` (PEFT: `q_proj`, …); a fused `qkv` projection is
+/// matched by `q`, `k`, `v`, `qkv`, `c_attn` (GPT-2) and `in_proj` (`nn.MultiheadAttention`),
+/// with or without `_proj`. An MoE router (`gate`) is matched by `gate` but not by `gate_proj`,
+/// as in PEFT.
 #[must_use]
 pub fn lora_entry_matches(entry: &str, target: &str) -> bool {
-    fn stem(s: &str) -> &str {
-        s.strip_suffix("_proj").unwrap_or(s)
-    }
     let entry = entry.trim();
     if entry.is_empty() {
         return false;
     }
     let last = target.rsplit('.').next().unwrap_or(target);
+    let stem = entry.strip_suffix("_proj");
     entry == target
         || target
             .strip_suffix(entry)
             .is_some_and(|head| head.ends_with('.'))
-        || stem(entry) == stem(last)
-        || (target == "qkv" && matches!(stem(entry), "q" | "k" | "v" | "c_attn" | "in"))
+        || entry == last
+        || last.strip_suffix("_proj") == Some(entry)
+        || (matches!(target, "q" | "k" | "v" | "o") && stem == Some(target))
+        || (target == "qkv"
+            && matches!(
+                stem.unwrap_or(entry),
+                "q" | "k" | "v" | "qkv" | "c_attn" | "in"
+            ))
 }

@@ -209,6 +209,29 @@ fn lora_targets_in_peft_spelling_and_with_spaces() {
     assert_eq!(u(&r, "trainable_param_count"), 8_388_608);
 }
 
+/// The default targets need only match something: GPT-2 (fused c_attn, c_proj; no gate/up/down)
+/// trains q, k, v and o: 16·(768+2304) + 16·(768+768) = 73,728 per layer × 12 = 884,736. On
+/// Mixtral `gate` is the router (as the default has always read it) and PEFT's `gate_proj`,
+/// given explicitly, is not: an error naming it, as PEFT matches it to no module there.
+#[test]
+fn lora_default_targets_on_models_without_an_mlp_projection() {
+    let r = report(&["examples/hf/gpt2.json", "--lora-rank", "16"]);
+    assert_eq!(u(&r, "trainable_param_count"), 884_736);
+    let out = memest(&[
+        "examples/hf/mixtral-8x7b.json",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "q_proj,gate_proj",
+    ]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("--lora-targets `gate_proj` matched no projection"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// A LoRA target that matches nothing is refused (exit 2), naming it and the model's names,
 /// even when the other entries match.
 #[test]
