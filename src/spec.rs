@@ -219,6 +219,13 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
                 {
                     s.message = message;
                 }
+                if let Error::Spec(s) = &mut error
+                    && let Some(token) = python_number_at(src, s.line, s.column)
+                {
+                    s.message = format!(
+                        "`{token}` is not a JSON number (Python's json writes it for a float that is not finite); write a finite number"
+                    );
+                }
                 error
             })?;
             de.end().map_err(|e| json_error(&e, None))?;
@@ -319,6 +326,16 @@ fn layer_key_error(
             common.join(", ")
         ),
     ))
+}
+
+/// The non-finite number Python's `json` writes (`NaN`, `Infinity`, `-Infinity`) that starts at
+/// the 1-based `line` and `column`, if one does.
+fn python_number_at(src: &str, line: Option<usize>, column: Option<usize>) -> Option<&'static str> {
+    let text = src.lines().nth(line?.checked_sub(1)?)?;
+    let at: String = text.chars().skip(column?.checked_sub(1)?).take(9).collect();
+    ["-Infinity", "Infinity", "NaN"]
+        .into_iter()
+        .find(|t| at.starts_with(t))
 }
 
 /// The key an error path ends in (`style` of `layers[3].style`).

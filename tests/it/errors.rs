@@ -626,3 +626,20 @@ fn suggestions_help_or_stay_silent() {
         "{err}"
     );
 }
+
+/// A memest JSON file with Python's `NaN` says what is wrong instead of "expected value".
+#[test]
+fn python_nan_in_a_memest_json_file_is_explained() {
+    let m = TempModel::new(
+        "json",
+        r#"{"input":{"shape":[8]},"layers":[{"kind":"dropout","p":NaN}]}"#,
+    );
+    assert_eq!(
+        fails(&[m.arg()]),
+        format!(
+            "error: {}:1:56: `NaN` is not a JSON number (Python's json writes it for a float that \
+             is not finite); write a finite number\n",
+            m.arg()
+        )
+    );
+}
