@@ -149,6 +149,14 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
                 fits,
             });
         }
+        if dimension == report::Dimension::Context
+            && let Some(rows) = position_table_rows(&spec.layers)
+            && largest == Some(rows)
+        {
+            search_warnings.push(report::Warning::ContextAtPositionTable {
+                num_positions: rows,
+            });
+        }
         report.search = Some(report::SearchOutcome {
             dimension,
             budget_bytes: budget,
@@ -216,6 +224,21 @@ pub fn run_sweep(
         values: sweep.values.clone(),
         sweep: reports,
     })
+}
+
+/// The fewest rows of the model's learned position tables (`position_embedding`, inside blocks
+/// too), which bound its sequence length; `None` without one.
+fn position_table_rows(layers: &[spec::LayerSpec]) -> Option<u64> {
+    layers
+        .iter()
+        .filter_map(|l| {
+            let own = (l.kind == spec::LayerKind::PositionEmbedding)
+                .then_some(l.num_positions)
+                .flatten();
+            let inner = l.layers.as_deref().and_then(position_table_rows);
+            own.into_iter().chain(inner).min()
+        })
+        .min()
 }
 
 /// Whether any layer (inside blocks too) is an attention layer, which `--attention` acts on.

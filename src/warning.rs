@@ -29,6 +29,12 @@ pub enum Warning {
         /// The model's trained limit.
         max_positions: u64,
     },
+    /// `--max-context` stopped at the rows of a learned position table (`position_embedding`
+    /// `num_positions`): a longer sequence cannot be run, whatever the budget.
+    ContextAtPositionTable {
+        /// The table's rows, the context reported.
+        num_positions: u64,
+    },
     /// `--max-context` stopped at the model's `max_positions` although a longer context fits
     /// the budget (`--allow-long-context` searches past it).
     ContextCappedAtMaxPositions {
@@ -64,6 +70,9 @@ impl Warning {
                 "--double-quant applies only to --dtype nf4 (bitsandbytes); it has no effect here"
                     .to_string()
             }
+            Warning::ContextAtPositionTable { num_positions } => format!(
+                "--max-context stopped at the {num_positions} rows of {origin}'s learned position table (position_embedding num_positions): no longer sequence can run"
+            ),
             Warning::SeqPastMaxPositions { seq, max_positions } => format!(
                 "sequence length {seq} is past the {max_positions} positions {origin} was trained for (max_position_embeddings); --allow-long-context silences this"
             ),

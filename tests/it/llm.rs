@@ -406,7 +406,22 @@ fn context_past_max_position_embeddings() {
         "warning: sequence length 10000 is past the 8192 positions examples/hf/llama-3-8b.json \
          was trained for (max_position_embeddings); --allow-long-context silences this\n"
     );
-    // GPT-2's learned position table has 1,024 rows: 1,025 is an error.
+    // GPT-2's learned position table has 1,024 rows: --max-context says it stopped there, not
+    // at the budget, and 1,025 is an error.
+    let out = memest(&[
+        "examples/gpt2.toml",
+        "--mode",
+        "infer",
+        "--budget",
+        "80GiB",
+        "--max-context",
+    ]);
+    assert_eq!(code(&out), 0);
+    assert_eq!(
+        stderr(&out),
+        "warning: --max-context stopped at the 1024 rows of examples/gpt2.toml's learned position \
+         table (position_embedding num_positions): no longer sequence can run\n"
+    );
     let out = memest(&["examples/hf/gpt2.json", "--seq", "1025"]);
     assert_eq!(code(&out), 2);
     assert!(stderr(&out).contains("sequence length 1025 exceeds num_positions = 1024"));
