@@ -83,7 +83,6 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         _ => settings.amp.map_or(settings.dtype, |_| DType::Float32),
     };
     t.tape.input_shape = shape.clone();
-    t.layer_index.insert(LayerAt::default(), LayerId::default());
     t.tape.layers.push(LayerInfo {
         path: INPUT.into(),
         name: INPUT.into(),
@@ -150,7 +149,9 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
 struct Tracer<'a> {
     s: &'a Settings,
     tape: Tape,
-    layer_index: HashMap<LayerAt, LayerId>,
+    /// Each graph layer's row in `tape.layers`, by the layer's address in the [`Model`] (every
+    /// copy of a repeated block shares its layers' rows).
+    layer_index: HashMap<usize, LayerId>,
     /// Autocast's cache of lower-precision weight copies, one per parameter per forward.
     cast_cache: HashMap<ValueId, ValueId>,
     /// Embedding weights by layer name, for `tie`.
@@ -503,7 +504,7 @@ impl Tracer<'_> {
                         x = y;
                     }
                     self.label.clone_from(&layer.label);
-                    let idx = self.layer_index[&layer.label];
+                    let idx = self.layer_index[&std::ptr::from_ref(layer).addr()];
                     self.tape.layers[idx].output_shape = self.val(x).shape.clone();
                     x
                 }
@@ -518,7 +519,7 @@ impl Tracer<'_> {
     }
 
     fn enter_layer(&mut self, layer: &Layer, path: &str, repeat: u64) {
-        let key = layer.label.clone();
+        let key = std::ptr::from_ref(layer).addr();
         self.cur_layer = match self.layer_index.get(&key) {
             Some(&i) => i,
             None => {
