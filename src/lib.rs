@@ -119,7 +119,8 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
                 )
             })?,
         };
-        let found = search::max_fitting(spec, name, o, budget, dimension, start);
+        // The report at the size asked for is the search's estimate at `start`.
+        let found = search::max_fitting(spec, name, o, budget, dimension, (start, Some(&report)));
         let mut largest = found.as_ref().map(|(v, _)| *v);
         if let Some((v, r)) = found {
             report = r;

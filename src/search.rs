@@ -8,7 +8,9 @@ use crate::spec::ModelSpec;
 
 /// The largest value of `dim` whose estimate fits `budget` bytes, with that estimate, searching
 /// up from 1, or from `start` (the size asked for) when 1 is not a valid size for the model.
-/// `None` when neither fits. See [`largest_fitting`].
+/// `None` when neither fits. `known`, when given, is the estimate at `start` with this
+/// budget (the report already made at the size asked for): the search uses it instead of
+/// estimating `start` again. See [`largest_fitting`].
 #[must_use]
 pub fn max_fitting(
     spec: &ModelSpec,
@@ -16,10 +18,13 @@ pub fn max_fitting(
     overrides: &Overrides,
     budget: u64,
     dim: Dimension,
-    start: u64,
+    (start, known): (u64, Option<&Report>),
 ) -> Option<(u64, Report)> {
     largest_fitting(
         |v| {
+            if let Some(r) = known.filter(|_| v == start) {
+                return Some(r.clone());
+            }
             let mut o = overrides.clone();
             match dim {
                 Dimension::Batch => o.batch = Some(v),
@@ -190,7 +195,7 @@ mod tests {
             .total_bytes
         };
         let budget = at(37) + (at(38) - at(37)) / 2; // between batch 37 and 38
-        let (n, r) = max_fitting(&spec(), "m", &o, budget, Dimension::Batch, 1).unwrap();
+        let (n, r) = max_fitting(&spec(), "m", &o, budget, Dimension::Batch, (1, None)).unwrap();
         assert_eq!(n, 37);
         assert_eq!(r.settings.batch, 37);
         assert!(r.total_bytes <= budget);
@@ -371,7 +376,7 @@ mod tests {
                 &Overrides::default(),
                 1000,
                 Dimension::Batch,
-                1
+                (1, None)
             )
             .is_none()
         );

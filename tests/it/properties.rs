@@ -286,9 +286,16 @@ fn repeat_peak_is_not_affine_far_from_small_counts() {
     let (p4, p5, p6) = (peak(4), peak(5), peak(6));
     assert_eq!((p4.0, p5.0, p6.0), (471_857_952, 497_241_924, 522_625_896));
     assert_eq!(p5.0 - p4.0, p6.0 - p5.0);
-    assert!([p4.1, p5.1, p6.1].iter().all(|&p| p == memest::sim::Phase::Backward));
+    assert!(
+        [p4.1, p5.1, p6.1]
+            .iter()
+            .all(|&p| p == memest::sim::Phase::Backward)
+    );
     let line = p4.0 + 60 * (p5.0 - p4.0);
     let (p64, phase64) = peak(64);
-    assert_eq!((p64, phase64), (2_156_574_096, memest::sim::Phase::OptimizerStep));
+    assert_eq!(
+        (p64, phase64),
+        (2_156_574_096, memest::sim::Phase::OptimizerStep)
+    );
     assert_eq!(p64 - line, 161_677_824);
 }
