@@ -442,7 +442,7 @@ fn decoder_layer(
     let mut attn = LayerSpec {
         heads: Some(a.heads),
         kv_heads: (a.kv_heads != a.heads).then_some(a.kv_heads),
-        head_dim: (a.heads * a.head_dim != a.hidden).then_some(a.head_dim),
+        head_dim: (a.heads.checked_mul(a.head_dim) != Some(a.hidden)).then_some(a.head_dim),
         causal: Some(true),
         bias: (!a.qkv_bias).then_some(false),
         out_bias: (a.out_bias != a.qkv_bias).then_some(a.out_bias),

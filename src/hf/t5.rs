@@ -46,7 +46,7 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     // (T5 v1.1) only turns off the decoder-output scaling.
     let scale_outputs = cfg.tie(true);
     let seq = c.n_positions.unwrap_or(512);
-    let head_dim = (heads * d_kv != d_model).then_some(d_kv);
+    let head_dim = (heads.checked_mul(d_kv) != Some(d_model)).then_some(d_kv);
 
     let ff = |body: &mut Vec<LayerSpec>, idx: usize, residual: &str| -> Result<String, Error> {
         let n = |s: &str| format!("layer.{idx}.{s}");

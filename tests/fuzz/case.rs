@@ -64,6 +64,8 @@ pub struct Flags {
     pub head: Head,
     /// `--print-model`.
     pub print_model: bool,
+    /// `--sweep`.
+    pub sweep: Option<memest::sweep::Sweep>,
 }
 
 /// Splits a case into its flags (the words after [`FLAGS_PREFIX`]) and the model text.
@@ -167,6 +169,10 @@ pub fn parse_flags(words: &[&str]) -> Result<Flags, String> {
                 };
             }
             "--print-model" => flags.print_model = true,
+            "--allow-long-context" => flags.query.allow_long_context = true,
+            "--explain" => flags.query.observe.explain = true,
+            "--timeline" => flags.query.observe.timeline = true,
+            "--sweep" => flags.sweep = Some(value()?.parse().map_err(|e| format!("{e}"))?),
             other => return Err(format!("unexpected argument `{other}`")),
         }
     }
@@ -281,6 +287,9 @@ pub fn check(case: &str) -> Result<Outcome, String> {
         return Ok(Outcome::Printed);
     }
     let query = &flags.query;
+    if let Some(sweep) = &flags.sweep {
+        return check_sweep(&spec, query, sweep, src, format);
+    }
     let report = match memest::run(&spec, "case", query) {
         Ok(r) => r,
         Err(e) => return check_error(e, "run", src, format),
@@ -294,6 +303,48 @@ pub fn check(case: &str) -> Result<Outcome, String> {
         Some(b) if !b.fits => Outcome::Over,
         _ => Outcome::Fits,
     })
+}
+
+/// Every report of a sweep holds the invariants, one per value, in order.
+fn check_sweep(
+    spec: &ModelSpec,
+    query: &Query,
+    sweep: &memest::sweep::Sweep,
+    src: &str,
+    format: Format,
+) -> Result<Outcome, String> {
+    let swept = match memest::run_sweep(spec, "case", query, sweep) {
+        Ok(s) => s,
+        Err(e) => return check_error(e, "run_sweep", src, format),
+    };
+    if swept.sweep.len() != sweep.values.len() {
+        return Err(format!(
+            "{} reports for {} values",
+            swept.sweep.len(),
+            sweep.values.len()
+        ));
+    }
+    for (r, &v) in swept.sweep.iter().zip(&sweep.values) {
+        let at = match sweep.dimension {
+            Dimension::Batch => Some(r.settings.batch),
+            Dimension::Context => r.settings.seq,
+        };
+        if at != Some(v) {
+            return Err(format!("the sweep's report for {v} is at {at:?}"));
+        }
+        check_report(r, query)?;
+    }
+    swept.to_json().map_err(|e| format!("sweep to_json: {e}"))?;
+    for units in [UnitSystem::Iec, UnitSystem::Si] {
+        let _ = memest::render::sweep(&swept.sweep, sweep, units);
+        let _ = memest::render::markdown::sweep(&swept.sweep, sweep, units);
+    }
+    let _ = memest::render::csv::rows(&swept.sweep);
+    let over = swept
+        .sweep
+        .iter()
+        .any(|r| r.budget.as_ref().is_some_and(|b| !b.fits));
+    Ok(if over { Outcome::Over } else { Outcome::Fits })
 }
 
 /// The figures of one report agree with each other.
@@ -358,10 +409,39 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
             ));
         }
     }
+    if let Some(t) = &r.timeline {
+        let peak = t.points.get(t.peak).map(memest::sim::TimePoint::total);
+        if peak != Some(r.peak_bytes) {
+            return Err(format!(
+                "the timeline's peak point {peak:?} is not the peak {}",
+                r.peak_bytes
+            ));
+        }
+        if let Some(p) = t.points.iter().find(|p| p.total() > r.peak_bytes) {
+            return Err(format!(
+                "a timeline point {p:?} is above the peak {}",
+                r.peak_bytes
+            ));
+        }
+    }
+    if let Some(tensors) = &r.explain {
+        let sum = tensors
+            .iter()
+            .try_fold(0u64, |s, t| s.checked_add(t.total_bytes));
+        if sum.is_none_or(|s| s > r.peak_bytes) {
+            return Err(format!(
+                "--explain lists {sum:?} bytes live at a peak of {}",
+                r.peak_bytes
+            ));
+        }
+    }
     for units in [UnitSystem::Iec, UnitSystem::Si] {
         let _ = memest::render::summary(r, units);
         let _ = memest::render::per_layer(r, units);
+        let _ = memest::render::explain(r, units);
+        let _ = memest::render::markdown::summary(r, units);
     }
+    let _ = memest::render::csv::rows(std::slice::from_ref(r));
     Ok(())
 }
 

@@ -643,6 +643,27 @@ fn flags(c: &mut Choices) -> Vec<String> {
     if c.chance(5) {
         add("--print-model", None);
     }
+    if c.chance(6) {
+        add("--allow-long-context", None);
+    }
+    if c.chance(8) {
+        add("--explain", None);
+    }
+    if c.chance(8) {
+        add("--timeline", None);
+    }
+    if c.chance(6) {
+        let s = *c.pick(&[
+            "batch=1,2,4",
+            "seq=8..64",
+            "batch=1..16:3",
+            "seq=1,0",
+            "batch=",
+            "depth=2",
+            "batch=1..1000000000",
+        ]);
+        add("--sweep", Some(s.to_string()));
+    }
     out
 }
 

@@ -38,3 +38,33 @@ fn broadcasting_against_the_batch_runs_at_some_batch_sizes_only() {
         "{err}"
     );
 }
+
+/// Finding (seed 3, case 1,656, a debug build): a Gemma config with `head_dim = 2^64 - 1`
+/// panicked with "attempt to multiply with overflow" in `hf::decoder` (`heads * head_dim`,
+/// compared with `hidden_size`); a release build wrapped silently. Now the product is checked
+/// and the config is refused with a typed error at the rotary layer.
+#[test]
+fn a_huge_hf_head_dim_is_refused_not_a_panic() {
+    let case = corpus("hf_head_dim_overflow.json");
+    assert_eq!(check(&case), Ok(Outcome::Refused));
+    let (_, model) = crate::case::split(&case);
+    let spec = memest::load_spec(model, memest::spec::Format::Json, memest::hf::Head::None)
+        .expect("the config imports");
+    let err = memest::run(&spec, "m", &memest::Query::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`head_dim` must be even for rotary embeddings, got 18446744073709551615"),
+        "{err}"
+    );
+}
+
+/// The same multiplication in the T5 import (`num_heads * d_kv` against `d_model`): a
+/// `d_kv` of 2^63 is a size overflow, not a panic.
+#[test]
+fn a_huge_t5_d_kv_is_a_size_overflow_not_a_panic() {
+    let case = corpus("t5_d_kv_overflow.json");
+    assert_eq!(check(&case), Ok(Outcome::Refused));
+    let o = memest::settings::Overrides::default();
+    let err = memest::estimate(&case, memest::spec::Format::Json, "m", &o, None).unwrap_err();
+    assert!(matches!(err, memest::Error::Overflow(_)), "{err:?}");
+}
