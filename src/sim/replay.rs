@@ -147,14 +147,16 @@ impl<'a> Replay<'a> {
         snap.param_grads.clone_from(&self.param_grads);
     }
 
-    /// The first error the running totals met, if any.
+    /// The error the running totals met, if any. An overflow comes first: a total saturated
+    /// at `u64::MAX` then goes below zero when its tensors are freed, so an underflow after an
+    /// overflow is the overflow's doing, not a bug.
     pub(super) fn error(&self) -> Option<Error> {
-        if self.underflow {
+        if self.overflow {
+            Some(Error::Overflow("the memory total of the step".into()))
+        } else if self.underflow {
             Some(Error::Internal(
                 "a memory total of the step went below zero",
             ))
-        } else if self.overflow {
-            Some(Error::Overflow("the memory total of the step".into()))
         } else {
             None
         }

@@ -456,7 +456,7 @@ fn mutate_config(c: &mut Choices, v: &mut Value) {
                     1 => 1,
                     2 => n / 2,
                     3 => n.saturating_mul(2),
-                    4 => n + 1,
+                    4 => n.saturating_add(1),
                     _ => *c.pick(&SIZES),
                 }
             };

@@ -68,3 +68,23 @@ fn a_huge_t5_d_kv_is_a_size_overflow_not_a_panic() {
     let err = memest::estimate(&case, memest::spec::Format::Json, "m", &o, None).unwrap_err();
     assert!(matches!(err, memest::Error::Overflow(_)), "{err:?}");
 }
+
+/// Finding (seed 11, cases 1,529 and 8,936: Llama-2-7B and Mixtral swept to batch 2^29): a
+/// running total of the simulated step that overflowed saturated at `u64::MAX`, then went
+/// below zero when its tensors were freed, and the step was refused as an internal error ("a
+/// memory total of the step went below zero (a bug in memest)") instead of a size overflow.
+/// The overflow is now reported first.
+#[test]
+fn a_step_total_past_64_bits_is_a_size_overflow_not_an_internal_error() {
+    let case = corpus("llama2_overflow_at_huge_batch.json");
+    assert_eq!(check(&case), Ok(Outcome::Refused));
+    let (words, model) = crate::case::split(&case);
+    let flags = crate::case::parse_flags(&words).expect("valid flags");
+    let spec = memest::load_spec(model, memest::spec::Format::Json, memest::hf::Head::Auto)
+        .expect("the config imports");
+    let err = memest::run(&spec, "m", &flags.query).unwrap_err();
+    assert_eq!(
+        err,
+        memest::Error::Overflow("the memory total of the step".into())
+    );
+}
