@@ -478,7 +478,15 @@ fn decoder_layer(
             // `up * act(gate)`.
             push(
                 &mut body,
-                linear("mlp.gate_up_proj", 2 * intermediate, mlp_bias),
+                linear(
+                    "mlp.gate_up_proj",
+                    intermediate.checked_mul(2).ok_or_else(|| {
+                        Error::Overflow(
+                            "the fused gate_up_proj width (2 × intermediate_size)".into(),
+                        )
+                    })?,
+                    mlp_bias,
+                ),
             );
             let chunks = push(
                 &mut body,

@@ -17,7 +17,12 @@ pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
     let n_layers = layer_count!(cfg, c.n_layer)?;
     let heads = required!(cfg, c.n_head)?;
     let positions = c.n_positions.unwrap_or(1024);
-    let inner = c.n_inner.unwrap_or(4 * hidden);
+    let inner = match c.n_inner {
+        Some(n) => n,
+        None => hidden
+            .checked_mul(4)
+            .ok_or_else(|| Error::Overflow("GPT-2's MLP width (4 × n_embd)".into()))?,
+    };
     let act_name = c.activation_function.as_deref().unwrap_or("gelu_new");
     let embd_p = prob!(cfg, c.embd_pdrop, 0.1)?;
     let attn_p = prob!(cfg, c.attn_pdrop, 0.1)?;

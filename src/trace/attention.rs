@@ -87,7 +87,8 @@ impl Tracer<'_> {
                 AtenOp::Transpose,
                 true,
             );
-            let proj = self.projection(xt, h, 3 * h, c.bias, train, "qkv")?;
+            let qkv = super::checked(h.checked_mul(3), "the fused qkv width (3 × hidden)")?;
+            let proj = self.projection(xt, h, qkv, c.bias, train, "qkv")?;
             let pv = self.val(proj).clone();
             let packed = self.fresh(pv.shape.clone(), pv.dtype, "packed qkv", pv.requires_grad)?;
             self.call(Call::new(AtenOp::Clone, vec![proj], vec![packed]))?;

@@ -98,23 +98,18 @@ impl Tracer<'_> {
         )?;
         // `index` keeps its indices: the permutation, kept by the dispatch already.
         self.call(Call::new(AtenOp::Index, vec![w_act], vec![ws]).aux(vec![index[1]]))?;
-        // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
-        let w_gu = self.weight(
-            Shape::from([c.experts, 2 * c.intermediate_size, h]),
-            train,
-            true,
+        let two_i = super::checked(
+            c.intermediate_size.checked_mul(2),
+            "the experts' gate and up width (2 × intermediate_size)",
         )?;
+        // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
+        let w_gu = self.weight(Shape::from([c.experts, two_i, h]), train, true)?;
         let w_down = self.weight(
             Shape::from([c.experts, h, c.intermediate_size]),
             train,
             true,
         )?;
-        let gu = self.grouped_mm(
-            gathered,
-            w_gu,
-            Shape::from([tk, 2 * c.intermediate_size]),
-            offsets,
-        )?;
+        let gu = self.grouped_mm(gathered, w_gu, Shape::from([tk, two_i]), offsets)?;
         let gate = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
         let up = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
         self.call(Call::new(AtenOp::Chunk, vec![gu], vec![gate, up]))?;

@@ -88,3 +88,36 @@ fn a_step_total_past_64_bits_is_a_size_overflow_not_an_internal_error() {
         memest::Error::Overflow("the memory total of the step".into())
     );
 }
+
+/// Findings (seed 11, cases 25,012, 41,748 and 47,541, with overflow checks on): widths
+/// computed as a multiple of a config field overflowed and panicked ("attempt to multiply with
+/// overflow"): GPT-2's `4 × n_embd`, Phi-3's fused `2 × intermediate_size`, and the MoE
+/// experts' `2 × moe_intermediate_size` (in the tracer). The fused qkv width `3 × hidden` of an
+/// attention layer had the same shape of code. Each is now a checked product, refused as a
+/// size overflow naming the width.
+#[test]
+fn widths_that_multiply_a_config_field_are_checked() {
+    for (file, width) in [
+        (
+            "hf_gpt2_n_embd_overflow.json",
+            "GPT-2's MLP width (4 × n_embd)",
+        ),
+        (
+            "hf_phi3_gate_up_overflow.json",
+            "the fused gate_up_proj width (2 × intermediate_size)",
+        ),
+        (
+            "hf_qwen2_moe_intermediate_overflow.json",
+            "the experts' gate and up width (2 × intermediate_size)",
+        ),
+    ] {
+        let case = corpus(file);
+        assert_eq!(check(&case), Ok(Outcome::Refused), "{file}");
+        let (words, model) = crate::case::split(&case);
+        let flags = crate::case::parse_flags(&words).expect("valid flags");
+        let err = memest::load_spec(model, memest::spec::Format::Json, flags.head)
+            .and_then(|spec| memest::run(&spec, "m", &flags.query))
+            .unwrap_err();
+        assert_eq!(err, memest::Error::Overflow(width.into()), "{file}");
+    }
+}
