@@ -151,7 +151,7 @@ pub fn parse_flags(words: &[&str]) -> Result<Flags, String> {
             }
             "--lora-rank" => lora_rank = Some(number(value()?)?),
             "--lora-targets" => {
-                lora_targets = Some(value()?.split(',').map(str::to_string).collect());
+                lora_targets = Some(value()?.split(',').map(|t| t.trim().to_string()).collect());
             }
             "--budget" => {
                 flags.query.budget =
@@ -193,12 +193,14 @@ pub fn parse_flags(words: &[&str]) -> Result<Flags, String> {
         o.mode = Some(Mode::Infer);
     }
     if let Some(rank) = lora_rank {
-        let targets = lora_targets.unwrap_or_else(|| {
-            ["q", "k", "v", "o", "gate", "up", "down"]
-                .map(String::from)
-                .to_vec()
+        let strict = lora_targets.is_some();
+        let targets =
+            lora_targets.unwrap_or_else(|| Lora::DEFAULT_TARGETS.map(String::from).to_vec());
+        o.lora = Some(Lora {
+            rank,
+            targets,
+            strict,
         });
-        o.lora = Some(Lora { rank, targets });
     }
     if quant.is_some() {
         dtype_flag = Some(DType::Bfloat16);
