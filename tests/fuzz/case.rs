@@ -473,9 +473,10 @@ fn check_monotone_in_batch(spec: &ModelSpec, query: &Query, small: &Report) -> R
     let large = match memest::run(spec, "case", &q) {
         Ok(r) => r,
         Err(Error::Overflow(_)) => return Ok(()),
-        // As in PyTorch, a model that broadcasts a tensor against the batch dimension runs
-        // at some batch sizes only (`[1, 3, 4] + [1, 4]` adds, `[2, 3, 4] + [2, 4]` does not).
-        Err(Error::Layer(e)) if e.kind.to_string().contains("do not broadcast") => return Ok(()),
+        // As in PyTorch, a model that broadcasts a tensor (or a `parameter`) against the
+        // batch dimension runs at some batch sizes only (`[1, 3, 4] + [1, 4]` adds,
+        // `[2, 3, 4] + [2, 4]` does not).
+        Err(Error::Layer(e)) if e.kind.to_string().contains("broadcast") => return Ok(()),
         Err(e) => return Err(format!("batch {batch} fails where {} ran: {e}", batch - 1)),
     };
     let figures = |r: &Report| {

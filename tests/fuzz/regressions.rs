@@ -121,3 +121,23 @@ fn widths_that_multiply_a_config_field_are_checked() {
         assert_eq!(err, memest::Error::Overflow(width.into()), "{file}");
     }
 }
+
+/// Finding (seed 11, cases 784,186 and one more): the same with a `parameter` layer: a
+/// `[4, 1]` parameter joins `[B, 16]` at batch 4, not at batch 5, as in PyTorch.
+#[test]
+fn a_parameter_broadcast_against_the_batch_runs_at_some_batch_sizes_only() {
+    let case = corpus("parameter_broadcast_against_batch.toml");
+    assert_eq!(check(&with_flags(&case, " --batch 4")), Ok(Outcome::Fits));
+    assert_eq!(check(&with_flags(&case, " --batch 5")), Ok(Outcome::Refused));
+    let (_, model) = crate::case::split(&case);
+    let o = memest::settings::Overrides {
+        batch: Some(5),
+        ..Default::default()
+    };
+    let err = memest::estimate(model, memest::spec::Format::Toml, "m", &o, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("parameter of shape [4, 1] does not broadcast to the input [5, 16]"),
+        "{err}"
+    );
+}
