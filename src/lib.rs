@@ -305,7 +305,7 @@ pub fn load_spec(
             "--head applies only to Hugging Face configs (config.json with `model_type`); this is a memest model file",
         ));
     }
-    spec::parse(src, format)
+    spec::parse(src, format, graph::kind_keys)
 }
 
 /// Traces and simulates a parsed description (see [`estimate`]).

@@ -175,7 +175,7 @@ mod tests {
         "[input]\nshape = [1000]\n[[layers]]\nkind = \"linear\"\nout_features = 1000\n";
 
     fn spec() -> ModelSpec {
-        crate::spec::parse(MLP, Format::Toml).unwrap()
+        crate::spec::parse(MLP, Format::Toml, crate::graph::kind_keys).unwrap()
     }
 
     #[test]
@@ -346,7 +346,7 @@ mod tests {
         ] {
             let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
             let src = std::fs::read_to_string(path).unwrap();
-            let spec = crate::spec::parse(&src, Format::Toml).unwrap();
+            let spec = crate::spec::parse(&src, Format::Toml, crate::graph::kind_keys).unwrap();
             let at = |v: u64| {
                 let mut o = Overrides {
                     mode: Some(mode),

@@ -311,6 +311,7 @@ mod tests {
         let err = crate::spec::parse(
             "[input]\nshape = [8]\n[defaults]\noptimizer = \"adamax\"\n[[layers]]\nkind = \"relu\"\n",
             crate::spec::Format::Toml,
+            crate::graph::kind_keys,
         )
         .unwrap_err();
         let Error::Spec(e) = err else {

@@ -166,12 +166,17 @@ pub struct DefaultsSpec {
     pub attention: Option<AttentionImpl>,
 }
 
+/// The keys each layer kind accepts, in reading order: [`crate::graph::kind_keys`]. The spec does
+/// not know them (the graph's per-kind configs declare them); [`parse`] takes them only to word
+/// an unknown key in its layer's terms.
+pub type KindKeys = fn(LayerKind) -> Vec<&'static str>;
+
 /// Parses a model description.
 ///
 /// # Errors
 /// [`Error::Spec`] with the line and column of the first syntax or schema error; an empty file
 /// is reported as such.
-pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
+pub fn parse(src: &str, format: Format, kind_keys: KindKeys) -> Result<ModelSpec, Error> {
     // A UTF-8 byte-order mark is not part of the document.
     let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     if src.trim().is_empty() {
@@ -190,7 +195,7 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
                 let mut error = toml_error(src, e.inner(), key.as_deref());
                 if let Some((kind_at, message)) = doc
                     .as_ref()
-                    .and_then(|d| layer_key_error(d, e.path(), e.inner().message()))
+                    .and_then(|d| layer_key_error(d, e.path(), e.inner().message(), kind_keys))
                     && let Error::Spec(s) = &mut error
                 {
                     s.message = message;
@@ -214,7 +219,7 @@ pub fn parse(src: &str, format: Format) -> Result<ModelSpec, Error> {
                 let mut error = json_error(e.inner(), key.as_deref());
                 if let Some((_, message)) = serde_json::from_str::<serde_json::Value>(src)
                     .ok()
-                    .and_then(|d| layer_key_error(&d, e.path(), &e.inner().to_string()))
+                    .and_then(|d| layer_key_error(&d, e.path(), &e.inner().to_string(), kind_keys))
                     && let Error::Spec(s) = &mut error
                 {
                     s.message = message;
@@ -270,6 +275,7 @@ fn layer_key_error(
     doc: &serde_json::Value,
     path: &serde_path_to_error::Path,
     message: &str,
+    kind_keys: KindKeys,
 ) -> Option<(Option<Vec<usize>>, String)> {
     use serde_path_to_error::Segment;
     let rest = message.strip_prefix("unknown field `")?;
@@ -298,11 +304,8 @@ fn layer_key_error(
     let Some(kind) = LayerKind::parse_name(kind) else {
         return Some((Some(positions), layer::unknown_kind(kind)));
     };
-    let own = crate::graph::kind_keys(kind);
-    let every: Vec<&str> = LayerKind::ALL
-        .iter()
-        .flat_map(|k| crate::graph::kind_keys(*k))
-        .collect();
+    let own = kind_keys(kind);
+    let every: Vec<&str> = LayerKind::ALL.iter().flat_map(|k| kind_keys(*k)).collect();
     // The keys every layer takes (`kind`, `name`, `inputs`, …): the spec's keys no kind reads.
     let common: Vec<&str> = rest
         .split('`')
@@ -424,7 +427,7 @@ mod tests {
     #[test]
     fn toml_error_has_line_and_column() {
         let src = "[input]\nshape = [4]\n\n[[layers]]\nkind = \"linear\"\nout_feature = 3\n";
-        let Err(Error::Spec(e)) = parse(src, Format::Toml) else {
+        let Err(Error::Spec(e)) = parse(src, Format::Toml, crate::graph::kind_keys) else {
             panic!("expected a spec error")
         };
         assert_eq!(e.line, Some(6));
@@ -439,7 +442,7 @@ mod tests {
     #[test]
     fn unknown_kind_suggests_nearest() {
         let src = "[input]\nshape = [4]\n[[layers]]\nkind = \"lienar\"\n";
-        let Err(Error::Spec(e)) = parse(src, Format::Toml) else {
+        let Err(Error::Spec(e)) = parse(src, Format::Toml, crate::graph::kind_keys) else {
             panic!("expected a spec error")
         };
         assert_eq!(e.line, Some(4));
@@ -449,7 +452,7 @@ mod tests {
     #[test]
     fn json_error_has_line_and_column() {
         let src = "{\n \"input\": {\"shape\": [4]},\n \"layers\": [{\"kind\": \"linear\", \"out_features\": \"x\"}]\n}";
-        let Err(Error::Spec(e)) = parse(src, Format::Json) else {
+        let Err(Error::Spec(e)) = parse(src, Format::Json, crate::graph::kind_keys) else {
             panic!("expected a spec error")
         };
         assert_eq!(e.line, Some(3));
@@ -462,7 +465,7 @@ mod tests {
     #[test]
     fn unknown_style_has_position_and_suggestion() {
         let src = "[input]\nshape = [4]\n[[layers]]\nkind = \"rmsnorm\"\nstyle = \"lama\"\n";
-        let Err(Error::Spec(e)) = parse(src, Format::Toml) else {
+        let Err(Error::Spec(e)) = parse(src, Format::Toml, crate::graph::kind_keys) else {
             panic!("expected a spec error")
         };
         assert_eq!((e.line, e.column), (Some(5), Some(9)));
@@ -477,13 +480,16 @@ mod tests {
 
     #[test]
     fn empty_file_is_an_error() {
-        assert!(matches!(parse("  \n", Format::Toml), Err(Error::Spec(_))));
+        assert!(matches!(
+            parse("  \n", Format::Toml, crate::graph::kind_keys),
+            Err(Error::Spec(_))
+        ));
     }
 
     #[test]
     fn seq_dimension_and_pairs() {
         let src = "[input]\nshape = [\"seq\"]\ndtype = \"int64\"\n[[layers]]\nkind = \"conv2d\"\nkernel = [3, 5]\nstride = 2\n";
-        let spec = parse(src, Format::Toml).unwrap();
+        let spec = parse(src, Format::Toml, crate::graph::kind_keys).unwrap();
         assert_eq!(spec.input.shape, vec![DimSpec::Seq]);
         assert_eq!(spec.layers[0].kernel, Some(Pair(3, 5)));
         assert_eq!(spec.layers[0].stride, Some(Pair(2, 2)));
