@@ -213,7 +213,12 @@ fn window_out(
     let mut out = (padded - span) / s + 1;
     if ceil && (padded - span) % s != 0 {
         out += 1;
-        if (out - 1) * s >= len + p {
+        // PyTorch drops a last window that would start in the right padding; a product past
+        // 64 bits starts past it too.
+        if (out - 1)
+            .checked_mul(s)
+            .is_none_or(|start| start >= len + p)
+        {
             out -= 1;
         }
     }
