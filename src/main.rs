@@ -4,6 +4,7 @@
 //! 2 = bad input or usage. A closed pipe on standard output counts as success.
 
 mod cli;
+mod output;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -11,8 +12,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use cli::{OutputFormat, Request};
-use memest::units::format_bytes;
+use cli::Request;
+use output::shown;
 
 fn main() -> ExitCode {
     match cli::Cli::parse().into_request().and_then(run) {
@@ -46,7 +47,7 @@ fn run(req: Request) -> Result<ExitCode> {
     }
     if let Some(sweep) = &req.sweep {
         let swept = memest::run_sweep(&spec, &input.name, &req.query, sweep).map_err(located)?;
-        return print_sweep(&mut out, &swept, sweep, origin, &req.output);
+        return output::print_sweep(&mut out, &swept, sweep, origin, &req.output);
     }
     let report = memest::run(&spec, &input.name, &req.query).map_err(located)?;
     for w in &report.warnings {
@@ -59,125 +60,5 @@ fn run(req: Request) -> Result<ExitCode> {
         std::fs::write(path, svg)
             .with_context(|| format!("failed to write the timeline to {}", path.display()))?;
     }
-    match req.output.format {
-        OutputFormat::Json => {
-            let text = report.to_json().context("failed to serialize the report")?;
-            writeln!(out, "{text}")?;
-        }
-        OutputFormat::Markdown => {
-            write!(
-                out,
-                "{}",
-                shown(&memest::render::markdown::summary(&report, units))
-            )?;
-        }
-        OutputFormat::Csv => {
-            write!(
-                out,
-                "{}",
-                shown(&memest::render::csv::rows(std::slice::from_ref(&report)))
-            )?;
-        }
-        OutputFormat::Table => {
-            write!(out, "{}", shown(&memest::render::summary(&report, units)))?;
-            if req.output.per_layer {
-                write!(out, "{}", shown(&memest::render::per_layer(&report, units)))?;
-            }
-            if req.output.explain {
-                write!(out, "{}", shown(&memest::render::explain(&report, units)))?;
-            }
-        }
-    }
-    out.flush()?;
-    if let Some(b) = report.budget.as_ref().filter(|b| !b.fits) {
-        eprintln!(
-            "memest: over budget: total {} > budget {} (over by {})",
-            format_bytes(report.total_bytes, units),
-            format_bytes(b.budget_bytes, units),
-            format_bytes(b.overshoot_bytes, units)
-        );
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Text for the terminal: names come from files, so control characters in them (an ANSI escape
-/// `\x1b[31m`, a carriage return) are shown escaped (`\u{1b}[31m`) rather than acted on; line
-/// breaks and tabs stay.
-fn shown(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text
-        .chars()
-        .any(|c| c.is_control() && c != '\n' && c != '\t')
-    {
-        return text.into();
-    }
-    text.chars()
-        .map(|c| {
-            if c.is_control() && c != '\n' && c != '\t' {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect::<String>()
-        .into()
-}
-
-/// Prints a sweep in the chosen format; exit 1 when some value is over the budget (one line on
-/// stderr naming them).
-fn print_sweep(
-    out: &mut impl Write,
-    swept: &memest::report::SweepReport,
-    sweep: &memest::sweep::Sweep,
-    origin: &str,
-    opts: &cli::OutputOpts,
-) -> Result<ExitCode> {
-    let mut warned = Vec::new();
-    for w in swept.sweep.iter().flat_map(|r| &r.warnings) {
-        if !warned.contains(w) {
-            warned.push(*w);
-            eprintln!("warning: {}", shown(&w.message(origin)));
-        }
-    }
-    let reports = &swept.sweep;
-    let units = opts.units;
-    match opts.format {
-        OutputFormat::Json => {
-            let text = swept.to_json().context("failed to serialize the sweep")?;
-            writeln!(out, "{text}")?;
-        }
-        OutputFormat::Markdown => {
-            write!(
-                out,
-                "{}",
-                shown(&memest::render::markdown::sweep(reports, sweep, units))
-            )?;
-        }
-        OutputFormat::Csv => write!(out, "{}", shown(&memest::render::csv::rows(reports)))?,
-        OutputFormat::Table => write!(
-            out,
-            "{}",
-            shown(&memest::render::sweep(reports, sweep, units))
-        )?,
-    }
-    out.flush()?;
-    let over: Vec<String> = reports
-        .iter()
-        .zip(&sweep.values)
-        .filter(|(r, _)| r.budget.as_ref().is_some_and(|b| !b.fits))
-        .map(|(_, v)| v.to_string())
-        .collect();
-    if let (false, Some(b)) = (
-        over.is_empty(),
-        reports.iter().find_map(|r| r.budget.as_ref()),
-    ) {
-        eprintln!(
-            "memest: over budget {} at {} {}",
-            format_bytes(b.budget_bytes, units),
-            sweep.name(),
-            over.join(", ")
-        );
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
+    output::print_report(&mut out, &report, &req.output)
 }

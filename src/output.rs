@@ -1,0 +1,141 @@
+//! What the binary prints: a report or a sweep in the chosen format, the over-budget line and its
+//! exit status, and names from files made safe for the terminal.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use crate::cli::{OutputFormat, OutputOpts};
+use memest::units::format_bytes;
+
+/// Prints one report in the chosen format; exit 1 when it is over the budget (one line on
+/// stderr: total, budget, overshoot).
+pub fn print_report(
+    out: &mut impl Write,
+    report: &memest::Report,
+    opts: &OutputOpts,
+) -> Result<ExitCode> {
+    let units = opts.units;
+    match opts.format {
+        OutputFormat::Json => {
+            let text = report.to_json().context("failed to serialize the report")?;
+            writeln!(out, "{text}")?;
+        }
+        OutputFormat::Markdown => {
+            write!(
+                out,
+                "{}",
+                shown(&memest::render::markdown::summary(report, units))
+            )?;
+        }
+        OutputFormat::Csv => {
+            write!(
+                out,
+                "{}",
+                shown(&memest::render::csv::rows(std::slice::from_ref(report)))
+            )?;
+        }
+        OutputFormat::Table => {
+            write!(out, "{}", shown(&memest::render::summary(report, units)))?;
+            if opts.per_layer {
+                write!(out, "{}", shown(&memest::render::per_layer(report, units)))?;
+            }
+            if opts.explain {
+                write!(out, "{}", shown(&memest::render::explain(report, units)))?;
+            }
+        }
+    }
+    out.flush()?;
+    if let Some(b) = report.budget.as_ref().filter(|b| !b.fits) {
+        eprintln!(
+            "memest: over budget: total {} > budget {} (over by {})",
+            format_bytes(report.total_bytes, units),
+            format_bytes(b.budget_bytes, units),
+            format_bytes(b.overshoot_bytes, units)
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Text for the terminal: names come from files, so control characters in them (an ANSI escape
+/// `\x1b[31m`, a carriage return) are shown escaped (`\u{1b}[31m`) rather than acted on; line
+/// breaks and tabs stay.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+/// Prints a sweep in the chosen format; exit 1 when some value is over the budget (one line on
+/// stderr naming them).
+pub fn print_sweep(
+    out: &mut impl Write,
+    swept: &memest::report::SweepReport,
+    sweep: &memest::sweep::Sweep,
+    origin: &str,
+    opts: &OutputOpts,
+) -> Result<ExitCode> {
+    let mut warned = Vec::new();
+    for w in swept.sweep.iter().flat_map(|r| &r.warnings) {
+        if !warned.contains(w) {
+            warned.push(*w);
+            eprintln!("warning: {}", shown(&w.message(origin)));
+        }
+    }
+    let reports = &swept.sweep;
+    let units = opts.units;
+    match opts.format {
+        OutputFormat::Json => {
+            let text = swept.to_json().context("failed to serialize the sweep")?;
+            writeln!(out, "{text}")?;
+        }
+        OutputFormat::Markdown => {
+            write!(
+                out,
+                "{}",
+                shown(&memest::render::markdown::sweep(reports, sweep, units))
+            )?;
+        }
+        OutputFormat::Csv => write!(out, "{}", shown(&memest::render::csv::rows(reports)))?,
+        OutputFormat::Table => write!(
+            out,
+            "{}",
+            shown(&memest::render::sweep(reports, sweep, units))
+        )?,
+    }
+    out.flush()?;
+    let over: Vec<String> = reports
+        .iter()
+        .zip(&sweep.values)
+        .filter(|(r, _)| r.budget.as_ref().is_some_and(|b| !b.fits))
+        .map(|(_, v)| v.to_string())
+        .collect();
+    if let (false, Some(b)) = (
+        over.is_empty(),
+        reports.iter().find_map(|r| r.budget.as_ref()),
+    ) {
+        eprintln!(
+            "memest: over budget {} at {} {}",
+            format_bytes(b.budget_bytes, units),
+            sweep.name(),
+            over.join(", ")
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
