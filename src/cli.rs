@@ -142,10 +142,16 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = Head::Auto)]
     head: Head,
     /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face
-    /// config.json, and exit (no estimate: the output and budget flags are refused with it).
+    /// config.json, and exit (no estimate: the estimate, output and budget flags are refused with
+    /// it).
     #[arg(
         long,
-        conflicts_with_all = ["format", "budget", "si", "per_layer", "sweep", "explain", "timeline"]
+        conflicts_with_all = [
+            "batch", "seq", "optim", "optim_impl", "dtype", "group_size", "double_quant",
+            "lora_rank", "lora_targets", "context", "kv_dtype", "max_batch", "max_context",
+            "allow_long_context", "mode", "attention", "amp", "recipe", "checkpoint", "device",
+            "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
+        ]
     )]
     print_model: bool,
 }

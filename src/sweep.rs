@@ -1,8 +1,8 @@
 //! `--sweep`: one estimate per value of the micro-batch or the sequence length.
 //!
 //! Syntax: `DIM=LIST`, where `DIM` is `batch` or `seq` (`context` is an alias of `seq`) and
-//! `LIST` is comma-separated items, each a value `N`, a doubling range `A..B` (A, 2A, 4A, … up
-//! to B) or a stepping range `A..B:S` (A, A+S, A+2S, … up to B). Values are positive; the list
+//! `LIST` is comma-separated items, each a value `N`, a doubling range `A..B` (A, 2A, 4A, … below
+//! B, then B) or a stepping range `A..B:S` (A, A+S, A+2S, … up to B). Values are positive; the list
 //! is sorted and duplicates dropped; at most [`MAX_POINTS`] values.
 
 use std::fmt;
@@ -105,6 +105,13 @@ fn item(s: &str, out: &mut Vec<u64>) -> Result<(), SweepError> {
                 let Some(next) = v.checked_mul(2) else { break };
                 v = next;
             }
+            // The end is a value too when doubling steps over it (3..20: 3, 6, 12, 20).
+            if out.last() != Some(&b) {
+                if out.len() >= MAX_POINTS {
+                    return Err(too_many());
+                }
+                out.push(b);
+            }
         }
     }
     Ok(())
@@ -152,7 +159,7 @@ mod tests {
     fn lists_and_ranges() {
         assert_eq!(values("batch=1,2,4,8"), [1, 2, 4, 8]);
         assert_eq!(values("batch=1..8"), [1, 2, 4, 8]);
-        assert_eq!(values("batch=3..20"), [3, 6, 12]);
+        assert_eq!(values("batch=3..20"), [3, 6, 12, 20]);
         assert_eq!(values("batch=1..8:1"), [1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(values("seq=128..512:128"), [128, 256, 384, 512]);
         assert_eq!(values("batch=8, 1,2..4 ,8"), [1, 2, 4, 8]);
@@ -163,7 +170,9 @@ mod tests {
             "SEQ=1".parse::<Sweep>().unwrap().dimension,
             Dimension::Context
         );
-        assert_eq!(values(&format!("batch=1..{}", u64::MAX)).len(), 64);
+        assert_eq!(values(&format!("batch=1..{}", 1u64 << 63)).len(), 64);
+        // 1, 2, …, 2^63 and then the end: 65 values, one too many.
+        assert!(format!("batch=1..{}", u64::MAX).parse::<Sweep>().is_err());
     }
 
     #[test]

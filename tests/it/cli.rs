@@ -673,7 +673,7 @@ fn control_characters_in_names_are_escaped() {
 }
 
 /// Every flag acts, warns or is refused: `--attention` on a CNN, `--group-size` under nf4 and
-/// `--double-quant` under int8 warn; `--print-model` refuses the output and budget flags; the
+/// `--double-quant` under int8 warn; `--print-model` refuses the estimate, output and budget flags; the
 /// `run:` line of a CNN given `--seq` shows no sequence length.
 #[test]
 fn flags_that_do_nothing_warn_or_are_refused() {
@@ -705,7 +705,13 @@ fn flags_that_do_nothing_warn_or_are_refused() {
     );
     // Attention inside a repeated block counts.
     assert!(warnings(&["examples/llama_tiny.toml", "--attention", "eager"]).is_empty());
-    for flags in [&["--format", "json"][..], &["--budget", "24GiB"]] {
+    for flags in [
+        &["--format", "json"][..],
+        &["--budget", "24GiB"],
+        &["--optim", "sgd"],
+        &["--batch", "4"],
+        &["--checkpoint"],
+    ] {
         let out = memest(&[&["examples/mlp.toml", "--print-model"][..], flags].concat());
         assert_eq!(code(&out), 2, "{flags:?}");
         assert!(
