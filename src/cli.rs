@@ -103,7 +103,7 @@ pub struct Cli {
     /// Activation checkpointing of every repeated block.
     #[arg(long)]
     checkpoint: bool,
-    /// Whose kernels' saved tensors to model (the measured reference is cpu).
+    /// Whose kernels' saved tensors to model: cuda (default, alias gpu) or cpu (a CPU run).
     #[arg(long, value_parser = VocabParser::<Device>::new())]
     device: Option<Device>,
     /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 24G, 80GB, 1073741824 (G and

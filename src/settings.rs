@@ -137,7 +137,7 @@ pub struct Settings {
 
 impl Settings {
     /// Resolves flags over file defaults over built-in defaults (batch 1, float32, AdamW,
-    /// train, eager attention, CPU kernels).
+    /// train, eager attention, CUDA kernels).
     ///
     /// # Errors
     /// [`Error::Setting`] for an unknown optimizer, mode or attention name in the file, a zero
@@ -234,7 +234,7 @@ impl Settings {
             attention,
             amp: recipe.autocast,
             checkpoint: o.checkpoint,
-            device: o.device.unwrap_or(Device::Cpu),
+            device: o.device.or(defaults.device).unwrap_or(Device::Cuda),
             lora: o.lora.clone(),
             quant: o.quant,
             kv_dtype: o.kv_dtype,

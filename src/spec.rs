@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::cost::{Optimizer, OptimizerImpl};
 use crate::dtype::DType;
 use crate::error::{Error, SpecError};
-use crate::vocab::{AttentionImpl, Mode};
+use crate::vocab::{AttentionImpl, Device, Mode};
 
 mod layer;
 
@@ -164,6 +164,9 @@ pub struct DefaultsSpec {
     /// `eager` or `flash` (alias `sdpa`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionImpl>,
+    /// `cuda` (alias `gpu`) or `cpu`: whose kernels' saved tensors to model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
 }
 
 /// The keys each layer kind accepts, in reading order: [`crate::graph::kind_keys`]. The spec does

@@ -162,7 +162,8 @@ pub enum AttentionImpl {
 }
 crate::vocab!(AttentionImpl, "attention");
 
-/// Whose kernels' saved tensors to model. The measured reference figures are CPU runs.
+/// Whose kernels' saved tensors to model: CUDA by default (what a GPU runs); `cpu` models a CPU
+/// run, as the measured CPU reference figures (`tests/data/reference.json`) ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, schemars::JsonSchema)]
 #[schemars(rename_all = "lowercase")]
 pub enum Device {

@@ -309,8 +309,9 @@ fn gpt2_activations_formula_matches_the_measurements() {
 
 #[test]
 fn checkpointing_lowers_gpt2_activations() {
-    let plain = report(&["examples/gpt2.toml"]);
-    let ckpt = report(&["examples/gpt2.toml", "--checkpoint"]);
+    // CPU figures (`gpt2_activations` counts CPU dropout's noise tensors).
+    let plain = report(&["examples/gpt2.toml", "--device", "cpu"]);
+    let ckpt = report(&["examples/gpt2.toml", "--device", "cpu", "--checkpoint"]);
     // Each of the 12 checkpointed blocks keeps only its [4, 256, 768] float32 input; what lies
     // outside the blocks is kept as without checkpointing (see `gpt2_activations`). This is the
     // measured gpt2-b4-s256-fp32-adamw-ckpt figure, 253,057,028 bytes (measured with flash
@@ -332,9 +333,9 @@ fn checkpointing_lowers_gpt2_activations() {
 
 #[test]
 fn seq_flag_overrides_the_file() {
-    let v = report(&["examples/gpt2.toml", "--seq", "128"]);
+    let v = report(&["examples/gpt2.toml", "--device", "cpu", "--seq", "128"]);
     assert_eq!(v["input_shape"], serde_json::json!([4, 128]));
-    let base = report(&["examples/gpt2.toml"]);
+    let base = report(&["examples/gpt2.toml", "--device", "cpu"]);
     assert_eq!(base["input_shape"], serde_json::json!([4, 256]));
     assert_eq!(u(&v, "activations_bytes"), gpt2_activations(4, 128, false));
     assert_eq!(
@@ -345,8 +346,20 @@ fn seq_flag_overrides_the_file() {
 
 #[test]
 fn attention_flag_changes_what_is_kept() {
-    let eager = report(&["examples/gpt2.toml", "--attention", "eager"]);
-    let flash = report(&["examples/gpt2.toml", "--attention", "flash"]);
+    let eager = report(&[
+        "examples/gpt2.toml",
+        "--device",
+        "cpu",
+        "--attention",
+        "eager",
+    ]);
+    let flash = report(&[
+        "examples/gpt2.toml",
+        "--device",
+        "cpu",
+        "--attention",
+        "flash",
+    ]);
     assert_eq!(
         u(&eager, "activations_bytes"),
         gpt2_activations(4, 256, false)
@@ -730,4 +743,23 @@ fn flags_that_do_nothing_warn_or_are_refused() {
     assert!(!run.contains("seq"), "{run}");
     let r = report(&["examples/resnet18.toml"]);
     assert!(r["settings"]["seq"].is_null());
+}
+
+/// CUDA kernels are the default; the file's `[defaults] device` and then `--device` override it.
+/// BERT-base (batch 8, seq 128, dropout 0.1) shows the difference: CPU dropout keeps a float32
+/// noise tensor per dropout where CUDA keeps a 1-byte mask.
+#[test]
+fn device_defaults_to_cuda_and_the_file_and_flag_override_it() {
+    let default = report(&["examples/bert_base.toml"]);
+    assert_eq!(default["settings"]["device"], "cuda");
+    let cpu = report(&["examples/bert_base.toml", "--device", "cpu"]);
+    assert_eq!(cpu["settings"]["device"], "cpu");
+    assert!(u(&cpu, "activations_bytes") > u(&default, "activations_bytes"));
+    let body = "[input]\nshape = [8]\n[defaults]\ndevice = \"cpu\"\n[[layers]]\nkind = \"linear\"\nout_features = 4\n";
+    let m = TempModel::new("toml", body);
+    assert_eq!(report(&[m.arg()])["settings"]["device"], "cpu");
+    assert_eq!(
+        report(&[m.arg(), "--device", "cuda"])["settings"]["device"],
+        "cuda"
+    );
 }

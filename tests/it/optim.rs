@@ -63,7 +63,9 @@ const VIT_MEASURED: [(&str, u64, u64, Option<u64>); 22] = [
 fn vit_state_bytes_equal_the_measurement() {
     for (opt, bits, state, temps) in VIT_MEASURED {
         let recipe = if bits == 32 { "fp32" } else { "bf16" };
-        let v = report(&[VIT, "--batch", "1", "--optim", opt, "--recipe", recipe]);
+        let v = report(&[
+            VIT, "--device", "cpu", "--batch", "1", "--optim", opt, "--recipe", recipe,
+        ]);
         assert_eq!(
             u(&v, "optimizer_state_bytes"),
             state,
@@ -160,6 +162,8 @@ fn vit_for_loop_and_fused_steps_equal_the_measurement() {
         let recipe = if bits == 32 { "fp32" } else { "bf16" };
         let args = [
             VIT,
+            "--device",
+            "cpu",
             "--batch",
             "1",
             "--optim",
