@@ -154,6 +154,43 @@ pub struct Cli {
         ]
     )]
     print_model: bool,
+    /// GPUs in all, for data parallelism: every figure is then per GPU (the worst rank). Alone
+    /// it means DDP; with --zero or --fsdp, those shard the model states.
+    #[arg(long, value_parser = parse_positive, help_heading = "Several GPUs")]
+    gpus: Option<u64>,
+    /// PyTorch DistributedDataParallel (the default with --gpus): every GPU holds the whole
+    /// model, gradients are all-reduced through buckets.
+    #[arg(long, conflicts_with_all = ["zero", "fsdp"], help_heading = "Several GPUs")]
+    ddp: bool,
+    /// DeepSpeed ZeRO stage: 1 shards the optimizer state (and keeps float32 master
+    /// partitions), 2 also the gradients, 3 also the parameters.
+    #[arg(
+        long,
+        value_name = "STAGE",
+        conflicts_with = "fsdp",
+        help_heading = "Several GPUs"
+    )]
+    zero: Option<u8>,
+    /// PyTorch FSDP (fully_shard) sharding strategy.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "STRATEGY",
+        help_heading = "Several GPUs"
+    )]
+    fsdp: Option<memest::parallel::FsdpStrategy>,
+    /// DDP's bucket_cap_mb (MiB; default 25).
+    #[arg(long, value_name = "MIB", help_heading = "Several GPUs")]
+    bucket_cap_mb: Option<f64>,
+    /// DDP's gradient_as_bucket_view: gradients are views into the buckets (no second copy).
+    #[arg(long, help_heading = "Several GPUs")]
+    gradient_as_bucket_view: bool,
+    /// GPUs per node: the shard group of --fsdp hybrid-shard (default 8).
+    #[arg(long, value_parser = parse_positive, help_heading = "Several GPUs")]
+    gpus_per_node: Option<u64>,
+    /// DeepSpeed's reduce_bucket_size, in elements (default 500000000).
+    #[arg(long, value_parser = parse_positive, value_name = "ELEMENTS", help_heading = "Several GPUs")]
+    reduce_bucket_size: Option<u64>,
 }
 
 /// How the report is printed.
@@ -414,6 +451,17 @@ impl Cli {
             quant,
             kv_dtype: self.kv_dtype,
             recipe: self.recipe,
+            parallel: memest::parallel::PlanFlags {
+                gpus: self.gpus,
+                ddp: self.ddp,
+                zero: self.zero,
+                fsdp: self.fsdp,
+                bucket_cap_mb: self.bucket_cap_mb,
+                gradient_as_bucket_view: self.gradient_as_bucket_view,
+                gpus_per_node: self.gpus_per_node,
+                reduce_bucket_size: self.reduce_bucket_size,
+            }
+            .resolve()?,
         };
         let search = if self.max_batch {
             Some(Dimension::Batch)

@@ -167,6 +167,8 @@ pub enum SettingKey {
     Head,
     /// `--max-batch`, `--max-context`.
     Search,
+    /// `--gpus`, `--ddp`, `--zero`, `--fsdp` and their options.
+    Parallel,
 }
 
 /// An invalid setting.

@@ -31,6 +31,7 @@ pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod hf;
+pub mod parallel;
 pub mod print_model;
 pub mod render;
 pub mod report;

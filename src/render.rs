@@ -47,7 +47,55 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
 fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
     write_header(out, r, units)?;
     write_categories(out, r, units)?;
+    write_parallel(out, r, units)?;
     write_footer(out, r, units)
+}
+
+/// Several GPUs: the plan, and each model state for the whole model (one GPU alone) beside
+/// what each GPU holds, with the communication buffers' own maximum.
+fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    let Some(p) = &r.parallel else {
+        return Ok(());
+    };
+    let fmt = |b: u64| format_bytes(b, units);
+    writeln!(
+        out,
+        "per GPU: {} (data parallel {}); the figures above are one GPU's",
+        p.description, p.data_parallel
+    )?;
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header(["Model state", "Whole model", "Per GPU"]);
+    let (u, g) = (&p.unsharded, &p.per_gpu);
+    for (name, whole, per) in [
+        ("Parameters", u.parameters_bytes, g.parameters_bytes),
+        ("Gradients", u.gradients_bytes, g.gradients_bytes),
+        (
+            "Optimizer state",
+            u.optimizer_state_bytes,
+            g.optimizer_state_bytes,
+        ),
+        (
+            "Master weights",
+            u.master_weights_bytes,
+            g.master_weights_bytes,
+        ),
+    ] {
+        if whole > 0 || per > 0 {
+            table.add_row([name.to_string(), fmt(whole), fmt(per)]);
+        }
+    }
+    table.add_row([
+        "Communication buffers (max)".to_string(),
+        String::new(),
+        fmt(p.comm_buffers_bytes),
+    ]);
+    for i in 1..3 {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    writeln!(out, "{table}")
 }
 
 /// The search's outcome, the model, the run's settings, the parameters and the recipe.

@@ -95,6 +95,47 @@ pub struct Report {
     /// Flags or settings that had no effect (left out of the JSON when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<Warning>,
+    /// Several GPUs (`--gpus`): the plan and each model state before and after sharding. The
+    /// other byte figures of the report are then per GPU (the worst rank). Left out on one GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelReport>,
+}
+
+/// What each GPU holds under a parallel plan, beside what one GPU would hold alone.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ParallelReport {
+    /// The plan.
+    pub plan: crate::parallel::Plan,
+    /// The plan in words, e.g. `FSDP full-shard over 8 GPUs`.
+    pub description: String,
+    /// Ranks in all (`--gpus`).
+    pub world_size: u64,
+    /// Data-parallel ranks: `gpus / (tp · pp · cp)`.
+    pub data_parallel: u64,
+    /// The model states of the whole model, as one GPU would hold them.
+    pub unsharded: ModelStates,
+    /// The model states on each GPU (the worst rank; every rank holds the same here).
+    pub per_gpu: ModelStates,
+    /// The communication buffers' own maximum during the step (DDP buckets, gathered
+    /// parameters, reduce buckets), per GPU.
+    pub comm_buffers_bytes: u64,
+    /// Bytes on the host (CPU) per GPU, for offloaded state (0: no offload).
+    pub cpu_bytes: u64,
+}
+
+/// Parameters, gradients, optimizer state and master weights, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ModelStates {
+    /// Parameters.
+    pub parameters_bytes: u64,
+    /// Gradients.
+    pub gradients_bytes: u64,
+    /// Optimizer state.
+    pub optimizer_state_bytes: u64,
+    /// Master weights (DeepSpeed's float32 partitions, or a `mixed-*` recipe's).
+    pub master_weights_bytes: u64,
 }
 
 /// A `--sweep`: one report per value (the `--format json` output of a sweep, described by
@@ -349,6 +390,14 @@ pub struct CategoryBytes {
     pub input_bytes: u64,
     /// [`Category::KvCache`].
     pub kv_cache_bytes: u64,
+    /// [`Category::CommBuffers`] (only with `--gpus`; left out of the JSON when 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_buffers_bytes: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl CategoryBytes {
@@ -365,6 +414,7 @@ impl CategoryBytes {
             Category::Temporaries => self.temporaries_bytes,
             Category::Input => self.input_bytes,
             Category::KvCache => self.kv_cache_bytes,
+            Category::CommBuffers => self.comm_buffers_bytes,
         }
     }
 
@@ -379,6 +429,7 @@ impl CategoryBytes {
             Category::Temporaries => &mut self.temporaries_bytes,
             Category::Input => &mut self.input_bytes,
             Category::KvCache => &mut self.kv_cache_bytes,
+            Category::CommBuffers => &mut self.comm_buffers_bytes,
         }
     }
 
@@ -431,7 +482,9 @@ impl Report {
             input_shape: tape.input_shape.clone(),
             param_count: tape.params.iter().map(|p| p.numel).sum(),
             trainable_param_count,
-            parameters_bytes: tape.params.iter().map(|p| p.bytes).sum(),
+            parameters_bytes: sim
+                .resident_parameter_bytes
+                .unwrap_or_else(|| tape.params.iter().map(|p| p.bytes).sum()),
             parameters_by_dtype: tape.params.iter().fold(BTreeMap::new(), |mut m, p| {
                 *m.entry(p.dtype_name).or_insert(0) += p.bytes;
                 m
@@ -465,6 +518,30 @@ impl Report {
             explain: sim.live_at_peak.as_ref().map(|live| explained(tape, live)),
             timeline: sim.timeline.clone(),
             warnings: Vec::new(),
+            parallel: settings
+                .parallel
+                .as_ref()
+                .zip(sim.unsharded)
+                .map(|(plan, u)| ParallelReport {
+                    plan: plan.clone(),
+                    description: plan.describe(),
+                    world_size: plan.gpus,
+                    data_parallel: plan.data_parallel().unwrap_or(1),
+                    unsharded: ModelStates {
+                        parameters_bytes: u[0],
+                        gradients_bytes: u[1],
+                        optimizer_state_bytes: u[2],
+                        master_weights_bytes: u[3],
+                    },
+                    per_gpu: ModelStates {
+                        parameters_bytes: sim.resident_parameter_bytes.unwrap_or(u[0]),
+                        gradients_bytes: sim.gradient_bytes,
+                        optimizer_state_bytes: sim.optimizer_state_bytes,
+                        master_weights_bytes: sim.master_weights_bytes,
+                    },
+                    comm_buffers_bytes: sim.category_max[Category::CommBuffers as usize],
+                    cpu_bytes: 0,
+                }),
         }
     }
 

@@ -30,6 +30,7 @@ pub struct Overrides {
     pub quant: Option<Quant>,
     pub kv_dtype: Option<DType>,
     pub recipe: Option<RecipeName>,
+    pub parallel: Option<crate::parallel::Plan>,
 }
 
 /// LoRA adapters (`--lora-rank`): the base model is frozen and every targeted linear projection
@@ -133,6 +134,10 @@ pub struct Settings {
     #[serde(serialize_with = "recipe_name")]
     #[schemars(with = "String")]
     pub recipe: Recipe,
+    /// Several GPUs (`--gpus`): the parallel plan; every byte figure is then per GPU. Left out
+    /// of the JSON on one GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<crate::parallel::Plan>,
 }
 
 impl Settings {
@@ -239,6 +244,7 @@ impl Settings {
             quant: o.quant,
             kv_dtype: o.kv_dtype,
             recipe,
+            parallel: o.parallel.clone().filter(|_| mode == Mode::Train),
         })
     }
 

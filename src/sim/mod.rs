@@ -28,6 +28,7 @@
 //! tracking live bytes per [`Category`] with checked totals.
 
 mod liveness;
+mod parallel;
 mod replay;
 
 use serde::Serialize;
@@ -65,11 +66,14 @@ pub enum Category {
     Input,
     /// The KV cache of causal attention in inference.
     KvCache,
+    /// Several GPUs: communication buffers (DDP's gradient buckets, parameters gathered by
+    /// FSDP or ZeRO-3, DeepSpeed's reduce buckets; see [`crate::parallel`]).
+    CommBuffers,
 }
 
 impl Category {
     /// Number of categories.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
 
     /// All categories in report order.
     pub const ALL: [Category; Category::COUNT] = [
@@ -82,6 +86,7 @@ impl Category {
         Category::Temporaries,
         Category::Input,
         Category::KvCache,
+        Category::CommBuffers,
     ];
 
     /// Display name.
@@ -97,6 +102,7 @@ impl Category {
             Category::Temporaries => "Temporaries",
             Category::Input => "Input batch",
             Category::KvCache => "KV cache",
+            Category::CommBuffers => "Communication buffers",
         }
     }
 
@@ -113,6 +119,7 @@ impl Category {
             Category::Temporaries => "temporaries_bytes",
             Category::Input => "input_bytes",
             Category::KvCache => "kv_cache_bytes",
+            Category::CommBuffers => "comm_buffers_bytes",
         }
     }
 
@@ -170,8 +177,14 @@ pub struct Simulation {
     pub gradient_bytes: u64,
     /// Optimizer state bytes (moments and scalar step counters).
     pub optimizer_state_bytes: u64,
-    /// Float32 master weights of a `mixed-*` recipe.
+    /// Float32 master weights of a `mixed-*` recipe, and DeepSpeed's float32 master partitions.
     pub master_weights_bytes: u64,
+    /// Under a parallel plan, this rank's parameter bytes (its shards); `None` on one GPU (all
+    /// of the tape's parameters).
+    pub resident_parameter_bytes: Option<u64>,
+    /// Under a parallel plan, the model states as one GPU would hold them whole (before
+    /// sharding): parameters, gradients, optimizer state, master weights.
+    pub unsharded: Option<[u64; 4]>,
     /// Optimizer-step temporaries (the `foreach` temporaries, plus the float32 copies of
     /// 16-bit gradients a `mixed-*` recipe hands the optimizer).
     pub optimizer_temp_bytes: u64,
@@ -358,7 +371,16 @@ pub fn simulate_observed(
     let training = settings.training();
     let facts = Liveness::of(tape);
     let saved = SavedBytes::of(tape, &facts);
+    let dist = settings
+        .parallel
+        .as_ref()
+        .filter(|_| training)
+        .map(|p| parallel::Dist::new(tape, settings, p));
     let plan = match settings.optimizer.filter(|_| training) {
+        Some(_) if dist.is_some() => dist
+            .as_ref()
+            .map(|d| d.optimizer.clone())
+            .unwrap_or_default(),
         Some(opt) => OptimizerPlan::new(
             opt,
             settings.optimizer_impl,
@@ -374,8 +396,11 @@ pub fn simulate_observed(
         .grad_dtype_override()
         .map(|g| (settings.recipe.weights, g));
     // The step's phases; returns the gradient and optimizer-temporary bytes.
+    let master_bytes = plan
+        .master_bytes
+        .saturating_add(dist.as_ref().map_or(0, |d| d.master_partition_bytes));
     let steps = |replay: &mut Replay| {
-        replay.start(plan.state_bytes, plan.master_bytes);
+        replay.start(plan.state_bytes, master_bytes);
         replay.forward(training);
         if training {
             let bwd = replay.backward(param_grad);
@@ -386,6 +411,9 @@ pub fn simulate_observed(
         }
     };
     let mut replay = Replay::new(tape, &facts);
+    if let Some(d) = &dist {
+        replay.distributed(d);
+    }
     if observe.timeline {
         replay.record();
     }
@@ -399,17 +427,24 @@ pub fn simulate_observed(
         .map(|all| Timeline::new(all, replay.peak_event));
     let live_at_peak = if observe.explain {
         let mut again = Replay::new(tape, &facts);
+        if let Some(d) = &dist {
+            again.distributed(d);
+        }
         again.snapshot_at(replay.peak_event);
         steps(&mut again);
         again.snapshot.take().map(|snap| live_tensors(tape, snap))
     } else {
         None
     };
+    // Per GPU: the gradients each rank keeps once they are reduced.
+    let gradient_bytes = dist
+        .as_ref()
+        .map_or(gradient_bytes, |d| d.gradient_bytes(gradient_bytes));
     let sums = [
         saved.total,
         gradient_bytes,
         plan.state_bytes,
-        plan.master_bytes,
+        master_bytes,
         optimizer_temp_bytes,
     ];
     if sums.contains(&u64::MAX) {
@@ -430,7 +465,18 @@ pub fn simulate_observed(
         peak_live_activations: replay.live_act_max,
         gradient_bytes,
         optimizer_state_bytes: plan.state_bytes,
-        master_weights_bytes: plan.master_bytes,
+        master_weights_bytes: master_bytes,
+        resident_parameter_bytes: dist.as_ref().map(parallel::Dist::parameter_bytes),
+        unsharded: dist.as_ref().map(|d| {
+            [
+                tape.params
+                    .iter()
+                    .fold(0u64, |a, p| a.saturating_add(p.bytes)),
+                d.whole_gradient_bytes,
+                d.whole_optimizer.state_bytes,
+                d.whole_optimizer.master_bytes,
+            ]
+        }),
         optimizer_temp_bytes,
         timeline,
         live_at_peak,

@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use typed_index_collections::{TiVec, ti_vec};
 
 use super::liveness::{Liveness, touched};
+use super::parallel::{Dist, Reduce};
 use super::{Category, Phase, TimePoint};
 use crate::cost::OptimizerPlan;
 use crate::dtype::DType;
@@ -51,6 +52,10 @@ pub(super) struct Replay<'a> {
     param_grads: Vec<(ValueId, u64)>,
     /// What was live at event `snap_at`.
     pub snapshot: Option<Snapshot>,
+    /// The parallel plan applied to the tape, if any.
+    dist: Option<&'a Dist>,
+    /// Per unit of `dist`: whether its parameters are gathered now.
+    gathered: Vec<bool>,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -104,6 +109,51 @@ impl<'a> Replay<'a> {
             snap_at: None,
             param_grads: Vec::new(),
             snapshot: None,
+            dist: None,
+            gathered: Vec::new(),
+        }
+    }
+
+    /// Replays the step as one rank of `dist`'s plan.
+    pub(super) fn distributed(&mut self, dist: &'a Dist) {
+        self.gathered = vec![false; dist.units.len()];
+        self.dist = Some(dist);
+    }
+
+    /// Gathers unit `u`'s parameters (a communication buffer) unless they are.
+    fn gather(&mut self, u: usize) {
+        if let Some(d) = self.dist
+            && !self.gathered[u]
+        {
+            self.gathered[u] = true;
+            self.add(Category::CommBuffers, d.units[u].gathered_bytes);
+        }
+    }
+
+    /// Frees unit `u`'s gathered parameters if they are.
+    fn release(&mut self, u: usize) {
+        if let Some(d) = self.dist
+            && self.gathered[u]
+        {
+            self.gathered[u] = false;
+            self.sub(Category::CommBuffers, d.units[u].gathered_bytes);
+        }
+    }
+
+    /// Reduces unit `u`'s gradients to this rank's shard: the whole ones are freed, the shard
+    /// stays (unless it lands in a buffer counted from the start).
+    fn reduce_unit(&mut self, u: usize, has_grad: &TiVec<ValueId, bool>) {
+        let Some(d) = self.dist else { return };
+        let Reduce::PerUnit { into_buffer } = d.reduce else {
+            return;
+        };
+        for &(v, whole, shard) in &d.units[u].grads {
+            if has_grad.get(v).copied().unwrap_or(false) {
+                self.sub(Category::Gradients, whole);
+                if !into_buffer {
+                    self.add(Category::Gradients, shard);
+                }
+            }
         }
     }
 
@@ -250,11 +300,27 @@ impl<'a> Replay<'a> {
                 storage.kind,
                 StorageKind::Parameter | StorageKind::Buffer | StorageKind::Input
             ) {
-                self.alloc(s);
+                match self.dist.and_then(|d| d.resident.get(&s)) {
+                    // A parameter on one rank of a sharded plan: its shard.
+                    Some(&bytes) if storage.kind == StorageKind::Parameter => {
+                        self.live[s] = true;
+                        self.add(Category::Parameters, bytes);
+                    }
+                    _ => self.alloc(s),
+                }
             }
         }
         self.add(Category::OptimizerState, state_bytes);
         self.add(Category::MasterWeights, master_bytes);
+        if let Some(d) = self.dist {
+            self.add(Category::CommBuffers, d.comm_always);
+            self.add(Category::Gradients, d.grads_always);
+            for (u, unit) in d.units.iter().enumerate() {
+                if unit.root {
+                    self.gather(u);
+                }
+            }
+        }
         self.check(Phase::Forward, None);
     }
 
@@ -262,7 +328,13 @@ impl<'a> Replay<'a> {
     /// autograd keeps them for backward (in training) or the caller holds them.
     pub(super) fn forward(&mut self, training: bool) {
         let (tape, facts) = (self.tape, self.facts);
+        let units = self.dist.map_or(&[][..], |d| &d.units[..]);
         for (i, step) in tape.steps.iter().enumerate() {
+            for (u, unit) in units.iter().enumerate() {
+                if unit.steps.start == i {
+                    self.gather(u);
+                }
+            }
             for &s in &step.allocs {
                 self.alloc(s);
             }
@@ -274,6 +346,11 @@ impl<'a> Replay<'a> {
                     && !facts.held[s];
                 if free {
                     self.free(s);
+                }
+            }
+            for (u, unit) in units.iter().enumerate() {
+                if unit.steps.end == i + 1 && unit.reshard_after_forward && !unit.root {
+                    self.release(u);
                 }
             }
         }
@@ -300,7 +377,17 @@ impl<'a> Replay<'a> {
             .map(|(g, s)| (s.start, g))
             .collect();
         let temp = Category::Temporaries;
+        let dist = self.dist;
+        let units = dist.map_or(&[][..], |d| &d.units[..]);
+        let comm_backward = dist.map_or(0, |d| d.comm_backward);
+        let grads_in_backward = dist.is_none_or(|d| d.grads_in_backward);
+        self.add(Category::CommBuffers, comm_backward);
         for i in (0..tape.steps.len()).rev() {
+            for (u, unit) in units.iter().enumerate() {
+                if unit.steps.end == i + 1 {
+                    self.gather(u);
+                }
+            }
             if let Some(&g) = seg_by_end.get(&(i + 1)) {
                 self.recompute(g, &grads);
             }
@@ -336,7 +423,9 @@ impl<'a> Replay<'a> {
                     } else {
                         has_grad[v] = true;
                         gradient_bytes = gradient_bytes.saturating_add(bytes);
-                        self.add(Category::Gradients, bytes);
+                        if grads_in_backward {
+                            self.add(Category::Gradients, bytes);
+                        }
                         if self.snap_at.is_some() {
                             self.param_grads.push((v, bytes));
                         }
@@ -388,7 +477,21 @@ impl<'a> Replay<'a> {
                     }
                 }
             }
+            for (u, unit) in units.iter().enumerate() {
+                if unit.steps.start == i && !unit.root {
+                    self.release(u);
+                    self.reduce_unit(u, &has_grad);
+                }
+            }
         }
+        // FSDP's root reduces last, after the whole backward.
+        for (u, unit) in units.iter().enumerate() {
+            if unit.root {
+                self.release(u);
+                self.reduce_unit(u, &has_grad);
+            }
+        }
+        self.sub(Category::CommBuffers, comm_backward);
         let leftover = grads
             .values()
             .try_fold(0u64, |a, &b| a.checked_add(b))
@@ -447,6 +550,13 @@ impl<'a> Replay<'a> {
         let (copies, freed) =
             plan.master_grad_copies(|v| bwd.has_grad.get(v).copied().unwrap_or(false));
         let temp_bytes = copies.saturating_add(plan.temp_bytes);
+        // ZeRO-1: this rank's float32 gradient partition replaces the whole gradients.
+        let (whole, partition) = match self.dist {
+            Some(d) if d.reduce == Reduce::AtStep => (bwd.gradient_bytes, d.step_grad_bytes),
+            _ => (0, 0),
+        };
+        self.sub(Category::Gradients, whole);
+        self.add(Category::Gradients, partition);
         self.sub(Category::Gradients, freed);
         self.add(Category::Temporaries, temp_bytes);
         self.check(Phase::OptimizerStep, None);

@@ -62,6 +62,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
         rope: None,
         cur_layer: LayerId::default(),
         segment: None,
+        in_block: false,
         label: LayerAt::default(),
         quantized: std::collections::HashSet::new(),
         position_bias: None,
@@ -160,6 +161,8 @@ struct Tracer<'a> {
     rope: Option<Rope>,
     cur_layer: LayerId,
     segment: Option<SegmentId>,
+    /// Inside a copy of an outermost repeated block (see [`Tape::blocks`]).
+    in_block: bool,
     label: LayerAt,
     /// Quantized weight values (their matmuls dequantize a transient copy).
     quantized: std::collections::HashSet<ValueId>,
@@ -472,7 +475,10 @@ impl Tracer<'_> {
                             }));
                         }
                         scopes.push(HashMap::from([(INPUT.to_string(), x)]));
+                        let outermost = !self.in_block;
+                        self.in_block = true;
                         let y = self.layers(body, x, scopes, &path, copies);
+                        self.in_block = !outermost;
                         scopes.pop();
                         let y = y?;
                         // The block's Python frame holds its input (`identity = x`) until it
@@ -486,6 +492,9 @@ impl Tracer<'_> {
                         if checkpoint {
                             let seg = self.segment.take().expect("set above");
                             self.tape.segments[seg].end = self.tape.steps.len();
+                        }
+                        if outermost {
+                            self.tape.blocks.push(seg_start..self.tape.steps.len());
                         }
                         let after = self.val(y);
                         // Autocast may change the dtype once, in the first copy; from then on each

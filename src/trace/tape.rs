@@ -227,6 +227,9 @@ pub struct Tape {
     pub held: Vec<StorageId>,
     /// Checkpointed segments.
     pub segments: TiVec<SegmentId, Segment>,
+    /// The step ranges of each copy of an outermost repeated block, in order: the units an
+    /// FSDP or ZeRO-3 run gathers parameters for (`fully_shard` per decoder layer).
+    pub blocks: Vec<std::ops::Range<usize>>,
     /// Shape of the input batch.
     pub input_shape: Shape,
     /// Whether the model ends in a loss layer.

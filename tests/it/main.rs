@@ -19,6 +19,7 @@
 mod common;
 
 mod cli;
+mod dist;
 mod errors;
 mod examples;
 mod hf;

@@ -1,0 +1,444 @@
+//! What one GPU holds under a parallel plan ([`crate::parallel::Plan`]), as the replay needs
+//! it: each parameter's resident (sharded) bytes, the units whose parameters are gathered
+//! around their forward and backward, when gradients are reduced to their shard, and the
+//! communication buffers. Built once from the tape; the replay ([`super::replay`]) applies it.
+//!
+//! The figures are those of the worst rank (rank 0, which gets the first, largest chunk of
+//! every FSDP2 shard).
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use crate::cost::{OptimizerPlan, TensorInfo};
+use crate::dtype::DType;
+use crate::parallel::{FsdpStrategy, Plan, Sharding, shard};
+use crate::settings::Settings;
+use crate::trace::{StorageId, Tape, ValueId};
+
+/// When each unit's gradients shrink to this rank's shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reduce {
+    /// Never: every rank keeps whole gradients (DDP, ZeRO-0, FSDP no-shard).
+    Never,
+    /// After each unit's backward (FSDP's reduce-scatter in its post-backward hook; ZeRO-2 and
+    /// ZeRO-3 reduce each bucket as it fills). With `into_buffer` the shard lands in a
+    /// gradient partition buffer that exists all step (ZeRO-3's `grad_partitions_flat_buffer`),
+    /// so only the whole gradients are freed.
+    PerUnit { into_buffer: bool },
+    /// At the optimizer step (ZeRO-1: the whole gradients live to the end of backward, then
+    /// this rank's partition is copied out in float32 and they are freed).
+    AtStep,
+}
+
+/// A range of steps whose parameters are gathered together.
+#[derive(Clone, Debug)]
+pub(super) struct Unit {
+    /// Its steps.
+    pub steps: Range<usize>,
+    /// Bytes of its whole (gathered) parameters.
+    pub gathered_bytes: u64,
+    /// Its trainable parameter values: whole gradient bytes and this rank's shard of them.
+    pub grads: Vec<(ValueId, u64, u64)>,
+    /// Freed after its forward and gathered again for its backward.
+    pub reshard_after_forward: bool,
+    /// FSDP's root: gathered before the first step, kept to the end of backward, and its
+    /// gradients reduced last (`FSDPState._root_post_backward_final_callback`).
+    pub root: bool,
+}
+
+/// The plan applied to one tape.
+#[derive(Clone, Debug)]
+pub(super) struct Dist {
+    /// Resident bytes of each parameter storage on this rank (its shard under ZeRO-3/FSDP).
+    pub resident: HashMap<StorageId, u64>,
+    /// Communication buffers that live the whole step (DDP buckets; ZeRO-3's reduce bucket and
+    /// its persistent small parameters).
+    pub comm_always: u64,
+    /// A reduce bucket that lives through backward (ZeRO-1/2's `ipg` buffer).
+    pub comm_backward: u64,
+    /// Gradient bytes that exist before the step (DDP's `gradient_as_bucket_view` gradients;
+    /// ZeRO-3's gradient partition buffer).
+    pub grads_always: u64,
+    /// Whether backward allocates parameter gradients itself (false when they are views of
+    /// DDP's buckets, already counted in `grads_always`).
+    pub grads_in_backward: bool,
+    /// Units gathered around their steps (none without parameter sharding).
+    pub units: Vec<Unit>,
+    /// When gradients shrink to the shard.
+    pub reduce: Reduce,
+    /// This rank's gradient bytes after reduction, for [`Reduce::AtStep`] (float32).
+    pub step_grad_bytes: u64,
+    /// The optimizer's plan over this rank's part of the parameters.
+    pub optimizer: OptimizerPlan<ValueId>,
+    /// DeepSpeed's float32 master partitions (0 for other engines: their master weights are
+    /// in `optimizer`).
+    pub master_partition_bytes: u64,
+    /// The whole gradients (one GPU's).
+    pub whole_gradient_bytes: u64,
+    /// The optimizer's plan over the whole parameters (one GPU's).
+    pub whole_optimizer: OptimizerPlan<ValueId>,
+}
+
+impl Dist {
+    /// This rank's resident parameter bytes.
+    pub(super) fn parameter_bytes(&self) -> u64 {
+        self.resident
+            .values()
+            .fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// This rank's gradient bytes once they are reduced, given the whole gradients' bytes.
+    pub(super) fn gradient_bytes(&self, whole: u64) -> u64 {
+        match self.reduce {
+            Reduce::Never => whole,
+            Reduce::AtStep => self.step_grad_bytes,
+            Reduce::PerUnit { into_buffer: true } => self.grads_always,
+            Reduce::PerUnit { into_buffer: false } => {
+                let (all, shard) = self
+                    .units
+                    .iter()
+                    .flat_map(|u| &u.grads)
+                    .fold((0u64, 0u64), |(a, s), g| {
+                        (a.saturating_add(g.1), s.saturating_add(g.2))
+                    });
+                whole.saturating_sub(all).saturating_add(shard)
+            }
+        }
+    }
+}
+
+/// The trainable parameters: value, numel, shape, dtype, whole gradient bytes.
+struct Trainable {
+    value: ValueId,
+    shape: Vec<u64>,
+    numel: u64,
+    dtype: DType,
+    grad_bytes: u64,
+}
+
+impl Dist {
+    /// `plan` over `tape` under `settings` (training).
+    pub(super) fn new(tape: &Tape, settings: &Settings, plan: &Plan) -> Dist {
+        let split = plan.split();
+        let grad_dtype = |d: DType| match settings.grad_dtype_override() {
+            Some(g) if d == settings.recipe.weights => g,
+            _ => d,
+        };
+        let trainable: Vec<Trainable> = tape
+            .params
+            .iter()
+            .filter(|p| p.trainable)
+            .map(|p| {
+                let v = &tape.values[p.value];
+                Trainable {
+                    value: p.value,
+                    shape: p.shape.dims().to_vec(),
+                    numel: p.numel,
+                    dtype: v.dtype,
+                    grad_bytes: grad_dtype(v.dtype).bytes_for(p.numel).unwrap_or(u64::MAX),
+                }
+            })
+            .collect();
+        let total_grad: u64 = trainable
+            .iter()
+            .fold(0, |a, t| a.saturating_add(t.grad_bytes));
+        let total_numel: u64 = trainable.iter().fold(0, |a, t| a.saturating_add(t.numel));
+        // Each rank's part of one parameter's elements, as the engine cuts it.
+        let part = |t: &Trainable, ranks: u64| -> u64 {
+            if ranks <= 1 {
+                return t.numel;
+            }
+            match plan.sharding {
+                Sharding::Fsdp(_) => shard::fsdp_shard_numel(&t.shape, ranks),
+                _ => shard::zero3_partition_numel(t.numel, ranks),
+            }
+        };
+        let bytes_of = |d: DType, n: u64| d.bytes_for(n).unwrap_or(u64::MAX);
+        let mut dist = Dist {
+            resident: HashMap::new(),
+            comm_always: 0,
+            comm_backward: 0,
+            grads_always: 0,
+            grads_in_backward: true,
+            units: Vec::new(),
+            reduce: Reduce::Never,
+            step_grad_bytes: 0,
+            optimizer: OptimizerPlan::default(),
+            master_partition_bytes: 0,
+            whole_gradient_bytes: total_grad,
+            whole_optimizer: match settings.optimizer {
+                Some(opt) => OptimizerPlan::new(
+                    opt,
+                    settings.optimizer_impl,
+                    &settings.recipe,
+                    tape.params
+                        .iter()
+                        .filter(|p| p.trainable)
+                        .map(|p| (p.value, p.info(), tape.values[p.value].dtype)),
+                ),
+                None => OptimizerPlan::default(),
+            },
+        };
+        // Resident parameters: the shard when parameters are split.
+        for p in &tape.params {
+            let v = &tape.values[p.value];
+            let bytes = if split.params > 1 {
+                let t = Trainable {
+                    value: p.value,
+                    shape: p.shape.dims().to_vec(),
+                    numel: p.numel,
+                    dtype: v.dtype,
+                    grad_bytes: 0,
+                };
+                let n = part(&t, split.params);
+                // Bytes per element as stored (a quantized weight keeps its packing ratio).
+                u64::try_from(u128::from(p.bytes) * u128::from(n) / u128::from(p.numel.max(1)))
+                    .unwrap_or(u64::MAX)
+            } else {
+                p.bytes
+            };
+            dist.resident.insert(v.storage, bytes);
+        }
+        // The optimizer's view of this rank's parameters.
+        let shapes: Vec<Vec<u64>> = trainable
+            .iter()
+            .map(|t| {
+                let n = part(t, split.optimizer);
+                match plan.sharding {
+                    Sharding::Fsdp(_) if split.optimizer > 1 => {
+                        let mut s = t.shape.clone();
+                        if let Some(d0) = s.first_mut() {
+                            *d0 = d0.div_ceil(split.optimizer);
+                        } else {
+                            s.push(1);
+                        }
+                        s
+                    }
+                    _ => vec![n],
+                }
+            })
+            .collect();
+        match plan.sharding {
+            Sharding::Zero(z) if z.stage >= 1 => {
+                // One flat float32 partition per parameter group (one group here): DeepSpeed's
+                // master partition, which the wrapped optimizer updates.
+                let ranks = split.optimizer;
+                let partition = if z.stage >= 3 {
+                    trainable
+                        .iter()
+                        .fold(0u64, |a, t| a.saturating_add(part(t, ranks)))
+                } else {
+                    shard::zero12_partition_numel(total_numel, ranks)
+                };
+                let shape = [partition];
+                let info = TensorInfo {
+                    shape: &shape,
+                    numel: partition,
+                    bytes: bytes_of(DType::Float32, partition),
+                };
+                let fp32 = crate::cost::Recipe::derived(DType::Float32, None);
+                let id = trainable.first().map_or(ValueId::default(), |t| t.value);
+                if let Some(opt) = settings.optimizer {
+                    dist.optimizer = OptimizerPlan::new(
+                        opt,
+                        settings.optimizer_impl,
+                        &fp32,
+                        [(id, info, DType::Float32)],
+                    );
+                }
+                dist.master_partition_bytes = info.bytes;
+                dist.step_grad_bytes = info.bytes;
+            }
+            _ => {
+                let infos = trainable.iter().zip(&shapes).map(|(t, s)| {
+                    let n = part(t, split.optimizer);
+                    (
+                        t.value,
+                        TensorInfo {
+                            shape: s,
+                            numel: n,
+                            bytes: bytes_of(t.dtype, n),
+                        },
+                        t.dtype,
+                    )
+                });
+                if let Some(opt) = settings.optimizer {
+                    dist.optimizer =
+                        OptimizerPlan::new(opt, settings.optimizer_impl, &settings.recipe, infos);
+                }
+            }
+        }
+        // Engine by engine: buffers, reduction and units.
+        let shard_grad = |t: &Trainable, ranks: u64| -> u64 {
+            let n = part(t, ranks);
+            u64::try_from(u128::from(t.grad_bytes) * u128::from(n) / u128::from(t.numel.max(1)))
+                .unwrap_or(u64::MAX)
+        };
+        match plan.sharding {
+            Sharding::Ddp(d) => {
+                if d.gradient_as_bucket_view {
+                    dist.grads_always = total_grad;
+                    dist.grads_in_backward = false;
+                } else {
+                    dist.comm_always = total_grad;
+                }
+            }
+            Sharding::Fsdp(f) => {
+                if f.strategy == FsdpStrategy::NoShard || f.shard_group <= 1 {
+                    // All-reduced in place, like DDP with bucket views.
+                } else {
+                    dist.reduce = Reduce::PerUnit { into_buffer: false };
+                    dist.units = units(tape, &trainable, true, f.reshard_after_forward, |t| {
+                        shard_grad(t, f.shard_group)
+                    });
+                }
+            }
+            Sharding::Zero(z) => {
+                let ranks = split.optimizer;
+                let grad_elem = trainable
+                    .first()
+                    .map_or(DType::Float32, |t| grad_dtype(t.dtype));
+                // DeepSpeed allocates the whole `reduce_bucket_size` (`torch.empty(reduce_bucket_size)`).
+                let bucket = bytes_of(grad_elem, z.reduce_bucket_elems);
+                match z.stage {
+                    0 => {}
+                    1 | 2 => {
+                        dist.comm_backward = bucket;
+                        if z.stage == 1 {
+                            dist.reduce = Reduce::AtStep;
+                        } else {
+                            dist.reduce = Reduce::PerUnit { into_buffer: false };
+                            // Units only for when their gradients are reduced: ZeRO-2 gathers
+                            // nothing (every rank holds the whole parameters).
+                            dist.units =
+                                units(tape, &trainable, false, false, |t| shard_grad(t, ranks));
+                            for u in &mut dist.units {
+                                u.gathered_bytes = 0;
+                            }
+                        }
+                    }
+                    _ => {
+                        dist.comm_always = bucket;
+                        dist.grads_always = trainable.iter().fold(0u64, |a, t| {
+                            a.saturating_add(bytes_of(grad_dtype(t.dtype), part(t, ranks)))
+                        });
+                        dist.reduce = Reduce::PerUnit { into_buffer: true };
+                        dist.units = units(tape, &trainable, false, true, |t| shard_grad(t, ranks));
+                        // Parameters at most `stage3_param_persistence_threshold` elements stay
+                        // gathered all step (`DeepSpeedZeRoOffload.persistent_parameters`).
+                        for p in tape
+                            .params
+                            .iter()
+                            .filter(|p| p.numel <= z.param_persistence_threshold)
+                        {
+                            dist.comm_always = dist.comm_always.saturating_add(p.bytes);
+                            let s = tape.values[p.value].storage;
+                            for u in &mut dist.units {
+                                if u.grads.iter().any(|g| tape.values[g.0].storage == s) {
+                                    u.gathered_bytes = u.gathered_bytes.saturating_sub(p.bytes);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dist
+    }
+}
+
+/// The units of a sharded run: each copy of an outermost repeated block (FSDP2 `fully_shard`
+/// per decoder layer, DeepSpeed ZeRO-3's module hooks per block), and the parameters outside
+/// them: with `root` one unit over the whole step (FSDP2's root module), else one unit per run
+/// of steps that reads them (ZeRO-3 fetches each module's parameters around it). Each
+/// parameter belongs to the unit of the first step that reads it.
+fn units(
+    tape: &Tape,
+    trainable: &[Trainable],
+    root: bool,
+    reshard_after_forward: bool,
+    shard_grad: impl Fn(&Trainable) -> u64,
+) -> Vec<Unit> {
+    let param_of: HashMap<StorageId, usize> = tape
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (tape.values[p.value].storage, i))
+        .collect();
+    let trainable_of: HashMap<ValueId, &Trainable> =
+        trainable.iter().map(|t| (t.value, t)).collect();
+    // Step ranges: the blocks, and the runs of steps between them.
+    let mut ranges: Vec<(Range<usize>, bool)> = Vec::new();
+    let mut at = 0;
+    for b in &tape.blocks {
+        if b.start > at {
+            ranges.push((at..b.start, false));
+        }
+        ranges.push((b.clone(), true));
+        at = b.end;
+    }
+    if at < tape.steps.len() {
+        ranges.push((at..tape.steps.len(), false));
+    }
+    let mut seen = vec![false; tape.params.len()];
+    let mut out: Vec<Unit> = Vec::new();
+    let mut root_unit = Unit {
+        steps: 0..tape.steps.len(),
+        gathered_bytes: 0,
+        grads: Vec::new(),
+        reshard_after_forward: false,
+        root: true,
+    };
+    for (range, block) in ranges {
+        // Outside blocks without a root: one unit per layer's run of steps.
+        let mut pieces: Vec<Range<usize>> = Vec::new();
+        if block || root {
+            pieces.push(range);
+        } else {
+            let mut start = range.start;
+            for i in range.clone() {
+                if i + 1 == range.end || tape.steps[i + 1].layer != tape.steps[start].layer {
+                    pieces.push(start..i + 1);
+                    start = i + 1;
+                }
+            }
+        }
+        for piece in pieces {
+            let mut unit = Unit {
+                steps: piece.clone(),
+                gathered_bytes: 0,
+                grads: Vec::new(),
+                reshard_after_forward,
+                root: false,
+            };
+            for i in piece {
+                for &v in &tape.steps[i].inputs {
+                    let Some(&pi) = param_of.get(&tape.values[v].storage) else {
+                        continue;
+                    };
+                    if seen[pi] {
+                        continue;
+                    }
+                    seen[pi] = true;
+                    let p = &tape.params[pi];
+                    let target = if block || !root {
+                        &mut unit
+                    } else {
+                        &mut root_unit
+                    };
+                    target.gathered_bytes = target.gathered_bytes.saturating_add(p.bytes);
+                    if let Some(t) = trainable_of.get(&p.value) {
+                        target.grads.push((t.value, t.grad_bytes, shard_grad(t)));
+                    }
+                }
+            }
+            if !unit.grads.is_empty() || unit.gathered_bytes > 0 {
+                out.push(unit);
+            }
+        }
+    }
+    if root && (root_unit.gathered_bytes > 0 || !root_unit.grads.is_empty()) {
+        out.push(root_unit);
+    }
+    out
+}
