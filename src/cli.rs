@@ -106,6 +106,11 @@ pub struct Cli {
     /// Whose kernels' saved tensors to model: cuda (default, alias gpu) or cpu (a CPU run).
     #[arg(long, value_parser = VocabParser::<Device>::new())]
     device: Option<Device>,
+    /// Model the CUDA caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True:
+    /// segments grow by 2 MiB (small pool) and 20 MiB (large pool) pages instead of one
+    /// cudaMalloc per segment.
+    #[arg(long)]
+    expandable_segments: bool,
     /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 24G, 80GB, 1073741824 (G and
     /// GiB are 2^30 bytes, GB 10^9; any case).
     #[arg(long, value_parser = parse_budget)]
@@ -150,7 +155,7 @@ pub struct Cli {
             "batch", "seq", "optim", "optim_impl", "dtype", "group_size", "double_quant",
             "lora_rank", "lora_targets", "context", "kv_dtype", "max_batch", "max_context",
             "allow_long_context", "mode", "attention", "amp", "recipe", "checkpoint", "device",
-            "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
+            "expandable_segments", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
         ]
     )]
     print_model: bool,
@@ -462,6 +467,7 @@ impl Cli {
                 reduce_bucket_size: self.reduce_bucket_size,
             }
             .resolve()?,
+            expandable_segments: self.expandable_segments,
         };
         let search = if self.max_batch {
             Some(Dimension::Batch)

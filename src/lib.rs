@@ -26,6 +26,7 @@
 //! assert_eq!(report.parameters_bytes, 4 * 10_010);
 //! ```
 
+pub mod alloc;
 pub mod cost;
 pub mod dtype;
 pub mod error;

@@ -370,6 +370,25 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
         write!(out, " at `{l}`")?;
     }
     writeln!(out)?;
+    if let Some(a) = r.allocated_peak_bytes {
+        writeln!(
+            out,
+            "allocated peak: {} (torch.cuda.max_memory_allocated: each tensor rounded up to 512 B)",
+            fmt(a)
+        )?;
+    }
+    if let Some(res) = r.reserved_peak_bytes {
+        let how = if s.expandable_segments {
+            "expandable segments"
+        } else {
+            "2 MiB and 20 MiB segments, best fit"
+        };
+        writeln!(
+            out,
+            "reserved peak: {} (torch.cuda.max_memory_reserved: the caching allocator's {how})",
+            fmt(res)
+        )?;
+    }
     if s.training() {
         write!(
             out,

@@ -67,6 +67,18 @@ pub struct Report {
     pub total_bytes: u64,
     /// Same as `total_bytes`.
     pub peak_bytes: u64,
+    /// With `--device cuda`: what `torch.cuda.max_memory_allocated()` reports for the step,
+    /// the tensors as the CUDA caching allocator hands them out (each rounded up to 512 B, a
+    /// large block's unsplit rest of up to 1 MiB included). Absent for the CPU and with `--gpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_peak_bytes: Option<u64>,
+    /// With `--device cuda`: what `torch.cuda.max_memory_reserved()` reports for the step, the
+    /// caching allocator's segments (2 MiB for requests up to 1 MiB, 20 MiB up to 10 MiB, larger
+    /// ones rounded up to 2 MiB; best fit, split and merged, never released within a step; or
+    /// its expandable segments with `--expandable-segments`), after a first step has created
+    /// the optimizer state. Absent for the CPU and with `--gpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_peak_bytes: Option<u64>,
     /// Phase of the peak.
     pub peak_phase: Phase,
     /// Layer running at the peak, when there is one.
@@ -504,6 +516,8 @@ impl Report {
             optimizer_temporaries_bytes: sim.optimizer_temp_bytes,
             total_bytes: total,
             peak_bytes: total,
+            allocated_peak_bytes: sim.allocator.map(|a| a.allocated_peak_bytes),
+            reserved_peak_bytes: sim.allocator.map(|a| a.reserved_peak_bytes),
             peak_phase: sim.peak_phase,
             peak_layer: sim.peak_layer.map(|l| tape.layers[l].path.clone()),
             at_peak: CategoryBytes::from_values(&sim.at_peak),

@@ -31,6 +31,9 @@ pub struct Overrides {
     pub kv_dtype: Option<DType>,
     pub recipe: Option<RecipeName>,
     pub parallel: Option<crate::parallel::Plan>,
+    /// `--expandable-segments`: the CUDA caching allocator runs with
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
+    pub expandable_segments: bool,
 }
 
 /// LoRA adapters (`--lora-rank`): the base model is frozen and every targeted linear projection
@@ -138,6 +141,10 @@ pub struct Settings {
     /// of the JSON on one GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<crate::parallel::Plan>,
+    /// The CUDA caching allocator's expandable segments
+    /// (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`); serialized only when on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expandable_segments: bool,
 }
 
 impl Settings {
@@ -245,6 +252,7 @@ impl Settings {
             kv_dtype: o.kv_dtype,
             recipe,
             parallel: o.parallel.clone().filter(|_| mode == Mode::Train),
+            expandable_segments: o.expandable_segments,
         })
     }
 

@@ -19,7 +19,7 @@ pub mod quant;
 pub mod recipe;
 
 pub use optim::{Optimizer, OptimizerImpl};
-pub use plan::{BytesPerParam, OptimizerPlan, RecipeReport};
+pub use plan::{BytesPerParam, OptimizerPlan, PlanTensor, RecipeReport};
 pub use quant::Quant;
 pub use recipe::{Amp, Recipe, RecipeId, RecipeName};
 

@@ -218,6 +218,92 @@ impl Optimizer {
         }
     }
 
+    /// The tensors of [`Optimizer::state_bytes`] that live on the device, in the order the
+    /// optimizer creates them, as the caching allocator sees them. The float32 `step` counter
+    /// is a host tensor (`torch.tensor(0.0)`) unless `device_step` (PyTorch puts it on the
+    /// parameter's device for `fused=True` or `capturable=True`: `_init_group`'s
+    /// `torch.zeros((), device=p.device)`), where it comes first. The rest, as in
+    /// [`Optimizer::state_bytes`]: `exp_avg` then `exp_avg_sq` (Adam, AdamW, LAMB),
+    /// `square_avg` then `momentum_buffer` (RMSprop), `row_var` then `col_var` or `variance`
+    /// (Adafactor), `state1`, `state2`, `absmax1`, `absmax2` (bitsandbytes,
+    /// `Optimizer2State.init_state`).
+    #[must_use]
+    pub fn state_tensors(self, param: TensorInfo<'_>, device_step: bool) -> Vec<u64> {
+        let p = param.bytes;
+        let n = param.numel;
+        let has_step = matches!(
+            self,
+            Optimizer::Adam
+                | Optimizer::Adamw
+                | Optimizer::Adagrad
+                | Optimizer::Rmsprop
+                | Optimizer::RmspropMomentum
+                | Optimizer::Adafactor
+        );
+        let mut out = Vec::with_capacity(5);
+        if has_step && device_step {
+            out.push(STEP_BYTES);
+        }
+        match self {
+            Optimizer::Sgd => {}
+            Optimizer::SgdMomentum
+            | Optimizer::SgdNesterov
+            | Optimizer::Lion
+            | Optimizer::Adagrad
+            | Optimizer::Rmsprop => out.push(p),
+            Optimizer::Adam | Optimizer::Adamw | Optimizer::RmspropMomentum | Optimizer::Lamb => {
+                out.extend([p, p]);
+            }
+            Optimizer::Adafactor => match param.shape {
+                [.., r, c] if n > 0 => {
+                    let elem = p / n;
+                    out.extend([(n / c).saturating_mul(elem), (n / r).saturating_mul(elem)]);
+                }
+                _ => out.push(p),
+            },
+            Optimizer::Adam8bit => {
+                if n < BNB_MIN_8BIT_SIZE {
+                    out.extend([n.saturating_mul(4), n.saturating_mul(4)]);
+                } else {
+                    let absmax = n.div_ceil(BNB_BLOCK).saturating_mul(4);
+                    out.extend([n, n, absmax, absmax]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the state exists from the optimizer's construction rather than its first step:
+    /// `torch.optim.Adagrad.__init__` fills `sum` at once; the others create their state lazily
+    /// in the first `step()`.
+    #[must_use]
+    pub const fn eager_state(self) -> bool {
+        matches!(self, Optimizer::Adagrad)
+    }
+
+    /// The temporaries of [`Optimizer::temporaries_bytes`] as tensors: one entry per
+    /// `_foreach_*` result list, in the order the step makes them (Adagrad: `std` then
+    /// `numerator`; LAMB: the clipped gradients, `denom`, `updates`); a step makes each list
+    /// over all its tensors before the next.
+    #[must_use]
+    pub fn foreach_temporaries(self, param: TensorInfo<'_>) -> Vec<u64> {
+        let p = param.bytes;
+        match self {
+            Optimizer::Sgd
+            | Optimizer::SgdMomentum
+            | Optimizer::SgdNesterov
+            | Optimizer::Adam8bit => Vec::new(),
+            Optimizer::Adam
+            | Optimizer::Adamw
+            | Optimizer::Rmsprop
+            | Optimizer::RmspropMomentum
+            | Optimizer::Adafactor
+            | Optimizer::Lion => vec![p],
+            Optimizer::Adagrad => vec![p, p],
+            Optimizer::Lamb => vec![p, p, p],
+        }
+    }
+
     /// What one tensor's turn of a `foreach=False` step allocates (`_single_tensor_*` in
     /// PyTorch 2.15, default hyperparameters), with `P = param.bytes`. The loop's variables
     /// (`denom`, `std`, `avg`) keep the last tensor's result until the next turn rebinds them,
@@ -588,5 +674,24 @@ mod tests {
             "adafactor, factored: this model's average"
         );
         assert_eq!(Optimizer::Adam8bit.per_param_label(), "adam-8bit");
+    }
+
+    /// The state's and the temporaries' tensors add up to [`Optimizer::state_bytes`] (less the
+    /// host `step` counter) and [`Optimizer::temporaries_bytes`], for every optimizer.
+    #[test]
+    fn tensors_add_up_to_the_bytes() {
+        for &opt in Optimizer::value_variants() {
+            for p in small(4) {
+                let host: u64 = opt.state_tensors(p, false).iter().sum();
+                let device: u64 = opt.state_tensors(p, true).iter().sum();
+                let step = device - host;
+                assert!(step == 0 || step == STEP_BYTES, "{opt}");
+                let lamb_or_bnb = matches!(opt, Optimizer::Lamb | Optimizer::Adam8bit);
+                let counted = if lamb_or_bnb { host } else { device };
+                assert_eq!(counted, opt.state_bytes(p), "{opt} {:?}", p.shape);
+                let temps: u64 = opt.foreach_temporaries(p).iter().sum();
+                assert_eq!(temps, opt.temporaries_bytes(p), "{opt}");
+            }
+        }
     }
 }

@@ -157,6 +157,31 @@ pub struct OptimizerPlan<Id> {
     /// Per parameter with a master copy and 16-bit gradients: its id, the 16-bit gradient's
     /// bytes and the float32 copy's bytes.
     grad_copies: Vec<(Id, u64, u64)>,
+    /// The same step tensor by tensor, as the caching allocator sees it
+    /// ([`crate::alloc`]): per updated parameter, in `model.parameters()` order.
+    pub tensors: Vec<PlanTensor<Id>>,
+    /// State shared by all tensors ([`Optimizer::shared_state_bytes`]), on the device.
+    pub shared_state_bytes: u64,
+    /// Whether the state exists before the first step ([`Optimizer::eager_state`]).
+    pub eager_state: bool,
+    /// Whether the step's temporaries are the `foreach` lists of [`PlanTensor::temporaries`];
+    /// otherwise (for-loop) the step holds at most [`OptimizerPlan::temp_bytes`] at once.
+    pub foreach: bool,
+}
+
+/// One parameter's part of an [`OptimizerPlan`], tensor by tensor.
+#[derive(Clone, Debug)]
+pub struct PlanTensor<Id> {
+    /// The parameter (the caller's id).
+    pub id: Id,
+    /// Bytes of its float32 master copy (0 without one).
+    pub master_bytes: u64,
+    /// Bytes of the float32 copy of its gradient the optimizer gets, when one is made.
+    pub grad_copy_bytes: Option<u64>,
+    /// Its state's device tensors, in creation order ([`Optimizer::state_tensors`]).
+    pub state: Vec<u64>,
+    /// Its temporaries, one per `foreach` list ([`Optimizer::foreach_temporaries`]).
+    pub temporaries: Vec<u64>,
 }
 
 impl<Id> Default for OptimizerPlan<Id> {
@@ -166,6 +191,10 @@ impl<Id> Default for OptimizerPlan<Id> {
             master_bytes: 0,
             temp_bytes: 0,
             grad_copies: Vec::new(),
+            tensors: Vec::new(),
+            shared_state_bytes: 0,
+            eager_state: false,
+            foreach: true,
         }
     }
 }
@@ -186,26 +215,42 @@ impl<Id: Copy> OptimizerPlan<Id> {
     ) -> OptimizerPlan<Id> {
         let mut plan = OptimizerPlan::default();
         let mut views = Vec::new();
+        let device_step = implementation == OptimizerImpl::Fused;
         for (id, param, dtype) in params {
             let mut view = param;
+            let mut master_bytes = 0;
+            let mut grad_copy_bytes = None;
             if let Some(master) = recipe
                 .master_weights
                 .filter(|&m| m != dtype && dtype == recipe.weights)
             {
                 view.bytes = master.bytes_for(param.numel).unwrap_or(u64::MAX);
                 plan.master_bytes = plan.master_bytes.saturating_add(view.bytes);
+                master_bytes = view.bytes;
                 let grad_dtype = recipe.grad_dtype_override().unwrap_or(dtype);
                 if grad_dtype != master {
                     let grad = grad_dtype.bytes_for(param.numel).unwrap_or(0);
                     plan.grad_copies.push((id, grad, view.bytes));
+                    grad_copy_bytes = Some(view.bytes);
                 }
             }
             plan.state_bytes = plan.state_bytes.saturating_add(optimizer.state_bytes(view));
+            plan.tensors.push(PlanTensor {
+                id,
+                master_bytes,
+                grad_copy_bytes,
+                state: optimizer.state_tensors(view, device_step),
+                temporaries: match implementation {
+                    OptimizerImpl::Foreach => optimizer.foreach_temporaries(view),
+                    OptimizerImpl::ForLoop | OptimizerImpl::Fused => Vec::new(),
+                },
+            });
             views.push(view);
         }
-        plan.state_bytes = plan
-            .state_bytes
-            .saturating_add(optimizer.shared_state_bytes(&views));
+        plan.shared_state_bytes = optimizer.shared_state_bytes(&views);
+        plan.state_bytes = plan.state_bytes.saturating_add(plan.shared_state_bytes);
+        plan.eager_state = optimizer.eager_state();
+        plan.foreach = implementation != OptimizerImpl::ForLoop;
         plan.temp_bytes = implementation.step_temporaries(optimizer, &views);
         plan
     }

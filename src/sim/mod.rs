@@ -27,6 +27,7 @@
 //! segment keeps) and the saved bytes; `replay` walks the step's phases with those facts,
 //! tracking live bytes per [`Category`] with checked totals.
 
+mod heap;
 mod liveness;
 mod parallel;
 mod replay;
@@ -39,7 +40,9 @@ use crate::dtype::DType;
 use crate::error::Error;
 use crate::settings::Settings;
 use crate::shape::Shape;
-use crate::trace::{AtenOp, LayerId, StorageId, Tape};
+use crate::trace::{AtenOp, LayerId, StorageId, Tape, ValueId};
+use crate::vocab::Device;
+use heap::Heap;
 use liveness::{Liveness, SavedBytes};
 use replay::{Replay, Snapshot};
 
@@ -194,6 +197,21 @@ pub struct Simulation {
     /// (optimizer state, master weights and optimizer-step temporaries are not tensors of the
     /// tape and are not listed).
     pub live_at_peak: Option<Vec<LiveTensor>>,
+    /// What the CUDA caching allocator reports for the step, on [`Device::Cuda`] and one GPU.
+    pub allocator: Option<AllocatorPeaks>,
+}
+
+/// The CUDA caching allocator's figures for the measured step ([`crate::alloc`]), as
+/// `torch.cuda.max_memory_allocated()` and `max_memory_reserved()` give them after
+/// `reset_peak_memory_stats()` at the step's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorPeaks {
+    /// The largest sum of the blocks handed out: every tensor rounded up to 512 B, and a
+    /// block's unsplit rest counted with it.
+    pub allocated_peak_bytes: u64,
+    /// The largest sum of the segments the allocator holds; nothing is released within a
+    /// step, so it includes everything the first step left cached.
+    pub reserved_peak_bytes: u64,
 }
 
 /// What to record beside the figures (none of which it changes).
@@ -425,6 +443,23 @@ pub fn simulate_observed(
         .points
         .take()
         .map(|all| Timeline::new(all, replay.peak_event));
+    // Several GPUs: each rank's allocator is not modelled yet (its shards, gathers and
+    // buckets are counted in bytes only).
+    let allocator = if settings.device == Device::Cuda && dist.is_none() {
+        let config = crate::alloc::Config {
+            expandable_segments: settings.expandable_segments,
+            max_split_size: None,
+        };
+        Some(allocator_peaks(
+            tape,
+            &facts,
+            &plan,
+            training.then_some(param_grad),
+            config,
+        )?)
+    } else {
+        None
+    };
     let live_at_peak = if observe.explain {
         let mut again = Replay::new(tape, &facts);
         if let Some(d) = &dist {
@@ -480,6 +515,47 @@ pub fn simulate_observed(
         optimizer_temp_bytes,
         timeline,
         live_at_peak,
+        allocator,
+    })
+}
+
+/// The caching allocator's run: the model and the batch loaded, the optimizer's constructor,
+/// a first step (which creates the optimizer state where it runs, inside `step()`), the peaks
+/// reset, then the measured step. This is how a training loop reaches its steady state, and
+/// how `measure_fake_cuda.py` measures (a warm-up step, `reset_peak_memory_stats`, the step).
+/// Each step starts with `zero_grad(set_to_none=True)` and ends when the caller drops the
+/// output and the loss. `training` carries the backward pass's parameter-gradient dtypes, as
+/// [`simulate`] passes them.
+fn allocator_peaks(
+    tape: &Tape,
+    facts: &Liveness,
+    plan: &OptimizerPlan<ValueId>,
+    training: Option<Option<(DType, DType)>>,
+    config: crate::alloc::Config,
+) -> Result<AllocatorPeaks, Error> {
+    let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
+    r.load();
+    r.optimizer_init(plan);
+    for first in [true, false] {
+        if !first && let Some(h) = &mut r.heap {
+            h.reset_peaks();
+        }
+        r.zero_grad();
+        r.forward(training.is_some());
+        if let Some(param_grad) = training {
+            let bwd = r.backward(param_grad);
+            r.optimizer_step_heap(plan, &bwd, first);
+        }
+        r.end_step();
+    }
+    let (allocated_peak_bytes, reserved_peak_bytes) = r
+        .heap
+        .as_ref()
+        .ok_or(Error::Internal("the allocator's replay lost its allocator"))?
+        .peaks()?;
+    Ok(AllocatorPeaks {
+        allocated_peak_bytes,
+        reserved_peak_bytes,
     })
 }
 

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use typed_index_collections::{TiVec, ti_vec};
 
+use super::heap::{Heap, Key};
 use super::liveness::{Liveness, touched};
 use super::parallel::{Dist, Reduce};
 use super::{Category, Phase, TimePoint};
@@ -56,6 +57,8 @@ pub(super) struct Replay<'a> {
     dist: Option<&'a Dist>,
     /// Per unit of `dist`: whether its parameters are gathered now.
     gathered: Vec<bool>,
+    /// The caching allocator fed every tensor, when asked for ([`Replay::with_heap`]).
+    pub heap: Option<Heap>,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -111,6 +114,7 @@ impl<'a> Replay<'a> {
             snapshot: None,
             dist: None,
             gathered: Vec::new(),
+            heap: None,
         }
     }
 
@@ -154,6 +158,30 @@ impl<'a> Replay<'a> {
                     self.add(Category::Gradients, shard);
                 }
             }
+        }
+    }
+
+    /// Feeds every tensor made live or dead to `heap`.
+    pub(super) fn with_heap(mut self, heap: Heap) -> Replay<'a> {
+        self.heap = Some(heap);
+        self
+    }
+
+    fn heap_alloc(&mut self, key: Key, bytes: u64) {
+        if let Some(h) = &mut self.heap {
+            h.alloc(key, bytes);
+        }
+    }
+
+    fn heap_free(&mut self, key: Key) {
+        if let Some(h) = &mut self.heap {
+            h.free(key);
+        }
+    }
+
+    fn heap_rename(&mut self, from: Key, to: Key) {
+        if let Some(h) = &mut self.heap {
+            h.rename(from, to);
         }
     }
 
@@ -243,7 +271,9 @@ impl<'a> Replay<'a> {
     fn alloc(&mut self, s: StorageId) {
         if !self.live[s] {
             self.live[s] = true;
-            self.add(self.category(s), self.tape.storages[s].bytes);
+            let bytes = self.tape.storages[s].bytes;
+            self.add(self.category(s), bytes);
+            self.heap_alloc(Key::Storage(s), bytes);
         }
     }
 
@@ -251,6 +281,7 @@ impl<'a> Replay<'a> {
         if self.live[s] {
             self.live[s] = false;
             self.sub(self.category(s), self.tape.storages[s].bytes);
+            self.heap_free(Key::Storage(s));
         }
     }
 
@@ -395,11 +426,13 @@ impl<'a> Replay<'a> {
             let mut transient = 0u64;
             let mut moved: Option<u64> = None;
             if step.view_grad {
-                let sum = step
-                    .outputs
-                    .iter()
-                    .filter_map(|o| grads.remove(o))
-                    .try_fold(0u64, u64::checked_add);
+                let mut sum = Some(0u64);
+                for o in &step.outputs {
+                    if let Some(b) = grads.remove(o) {
+                        sum = sum.and_then(|s| s.checked_add(b));
+                        self.heap_rename(Key::Grad(*o), Key::Moved);
+                    }
+                }
                 moved = Some(sum.unwrap_or_else(|| {
                     self.overflow = true;
                     u64::MAX
@@ -420,12 +453,14 @@ impl<'a> Replay<'a> {
                 if val.param {
                     if has_grad[v] {
                         transient = transient.saturating_add(bytes);
+                        self.heap_alloc(Key::Transient, bytes);
                     } else {
                         has_grad[v] = true;
                         gradient_bytes = gradient_bytes.saturating_add(bytes);
                         if grads_in_backward {
                             self.add(Category::Gradients, bytes);
                         }
+                        self.heap_alloc(Key::ParamGrad(v), bytes);
                         if self.snap_at.is_some() {
                             self.param_grads.push((v, bytes));
                         }
@@ -436,31 +471,38 @@ impl<'a> Replay<'a> {
                     match grads.entry(v) {
                         Entry::Vacant(e) => {
                             e.insert(m);
+                            self.heap_rename(Key::Moved, Key::Grad(v));
                         }
                         Entry::Occupied(_) => {
                             self.sub(temp, m);
                             transient = transient.saturating_add(m);
+                            self.heap_rename(Key::Moved, Key::Transient);
                         }
                     }
                 } else if let Entry::Vacant(e) = grads.entry(v) {
                     e.insert(bytes);
                     self.add(temp, bytes);
+                    self.heap_alloc(Key::Grad(v), bytes);
                 } else {
                     transient = transient.saturating_add(bytes);
+                    self.heap_alloc(Key::Transient, bytes);
                 }
             }
             if let Some(m) = moved {
                 // Nothing took the view: the gradient dies here.
                 self.sub(temp, m);
+                self.heap_free(Key::Moved);
             }
             self.add(temp, transient);
             self.snapshot_grads(&grads);
             self.check(Phase::Backward, Some(step.layer));
             self.sub(temp, transient);
+            self.heap_free(Key::Transient);
             if !step.view_grad {
                 for o in &step.outputs {
                     if let Some(b) = grads.remove(o) {
                         self.sub(temp, b);
+                        self.heap_free(Key::Grad(*o));
                     }
                 }
             }
@@ -500,6 +542,11 @@ impl<'a> Replay<'a> {
                 u64::MAX
             });
         self.sub(temp, leftover);
+        let mut left: Vec<ValueId> = grads.keys().copied().collect();
+        left.sort_unstable();
+        for v in left {
+            self.heap_free(Key::Grad(v));
+        }
         Backward {
             gradient_bytes,
             has_grad,
@@ -563,6 +610,101 @@ impl<'a> Replay<'a> {
         self.sub(Category::Temporaries, temp_bytes);
         self.add(Category::Gradients, freed);
         temp_bytes
+    }
+}
+
+/// The caching allocator's run of the step: what exists before it, in the order PyTorch makes
+/// it, a first step that creates the optimizer state, and the measured step.
+impl Replay<'_> {
+    /// `model.to("cuda")`, then the batch moved to the device: parameters and buffers in tape
+    /// order (the order their layers run, which is their modules' order), then the input
+    /// batch and its labels.
+    pub(super) fn load(&mut self) {
+        let tape = self.tape;
+        for kinds in [
+            &[StorageKind::Parameter, StorageKind::Buffer][..],
+            &[StorageKind::Input][..],
+        ] {
+            for (s, storage) in tape.storages.iter_enumerated() {
+                if kinds.contains(&storage.kind) {
+                    self.alloc(s);
+                }
+            }
+        }
+    }
+
+    /// What the optimizer makes before its first step: the float32 master copies of a
+    /// `mixed-*` recipe, and state that its constructor fills (Adagrad's `sum`).
+    pub(super) fn optimizer_init(&mut self, plan: &OptimizerPlan<ValueId>) {
+        for t in &plan.tensors {
+            self.heap_alloc(Key::Master(t.id), t.master_bytes);
+        }
+        if plan.eager_state {
+            self.optimizer_state(plan);
+        }
+    }
+
+    fn optimizer_state(&mut self, plan: &OptimizerPlan<ValueId>) {
+        self.heap_alloc(Key::SharedState, plan.shared_state_bytes);
+        for t in &plan.tensors {
+            for &bytes in &t.state {
+                self.heap_alloc(Key::State(t.id), bytes);
+            }
+        }
+    }
+
+    /// `optimizer.step()` tensor by tensor: the float32 gradient copies replace the 16-bit
+    /// gradients; on the `first` step the state is created (`_init_group`: each parameter's
+    /// tensors in turn), unless it exists already; then the temporaries, each `foreach` list
+    /// over all the parameters with a gradient before the next (a for-loop step: its largest
+    /// moment as one block), freed when the step ends.
+    pub(super) fn optimizer_step_heap(
+        &mut self,
+        plan: &OptimizerPlan<ValueId>,
+        bwd: &Backward,
+        first: bool,
+    ) {
+        let has = |v: ValueId| bwd.has_grad.get(v).copied().unwrap_or(false);
+        for t in plan.tensors.iter().filter(|t| has(t.id)) {
+            if let Some(copy) = t.grad_copy_bytes {
+                self.heap_alloc(Key::MasterGrad(t.id), copy);
+                self.heap_free(Key::ParamGrad(t.id));
+            }
+        }
+        if first && !plan.eager_state {
+            self.optimizer_state(plan);
+        }
+        if plan.foreach {
+            let lists = plan.tensors.iter().map(|t| t.temporaries.len()).max();
+            for j in 0..lists.unwrap_or(0) {
+                for t in plan.tensors.iter().filter(|t| has(t.id)) {
+                    if let Some(&bytes) = t.temporaries.get(j) {
+                        self.heap_alloc(Key::StepTemporaries, bytes);
+                    }
+                }
+            }
+        } else {
+            self.heap_alloc(Key::StepTemporaries, plan.temp_bytes);
+        }
+        self.heap_free(Key::StepTemporaries);
+    }
+
+    /// The end of a step: the caller drops the output and the loss, and with them every
+    /// activation still alive (and an inference pass's KV cache).
+    pub(super) fn end_step(&mut self) {
+        let tape = self.tape;
+        for (s, storage) in tape.storages.iter_enumerated() {
+            if matches!(storage.kind, StorageKind::Activation | StorageKind::KvCache) {
+                self.free(s);
+            }
+        }
+    }
+
+    /// `optimizer.zero_grad(set_to_none=True)`: the gradients (and their float32 copies) go.
+    pub(super) fn zero_grad(&mut self) {
+        if let Some(h) = &mut self.heap {
+            h.free_all(|k| matches!(k, Key::ParamGrad(_) | Key::MasterGrad(_)));
+        }
     }
 }
 

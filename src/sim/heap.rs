@@ -1,0 +1,101 @@
+//! The replay's tensors as the CUDA caching allocator sees them: each tensor the replay makes
+//! live or dead becomes a `malloc` or `free` of [`crate::alloc::CachingAllocator`], under a
+//! key naming what the tensor is.
+
+use std::collections::HashMap;
+
+use crate::alloc::{BlockId, CachingAllocator, Config};
+use crate::error::Error;
+use crate::trace::{StorageId, ValueId};
+
+/// What a block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Key {
+    /// A storage of the tape.
+    Storage(StorageId),
+    /// The gradient of an activation value, while backward holds it.
+    Grad(ValueId),
+    /// A gradient handed on as a view, between its output and its input.
+    Moved,
+    /// A parameter's `.grad`.
+    ParamGrad(ValueId),
+    /// The float32 copy of a parameter's 16-bit gradient (`mixed-*` recipes).
+    MasterGrad(ValueId),
+    /// A parameter's float32 master copy.
+    Master(ValueId),
+    /// A parameter's optimizer state.
+    State(ValueId),
+    /// State shared by all parameters.
+    SharedState,
+    /// Gradients made and summed away at one backward step.
+    Transient,
+    /// The optimizer step's temporaries.
+    StepTemporaries,
+}
+
+/// The allocator, the blocks under each key, and the first error met.
+pub(super) struct Heap {
+    alloc: CachingAllocator,
+    blocks: HashMap<Key, Vec<BlockId>>,
+    error: Option<Error>,
+}
+
+impl Heap {
+    /// An allocator with nothing reserved.
+    pub(super) fn new(config: Config) -> Heap {
+        Heap {
+            alloc: CachingAllocator::new(config),
+            blocks: HashMap::new(),
+            error: None,
+        }
+    }
+
+    /// A block of `bytes` under `key` (a key may hold several).
+    pub(super) fn alloc(&mut self, key: Key, bytes: u64) {
+        match self.alloc.malloc(bytes) {
+            Ok(Some(b)) => self.blocks.entry(key).or_default().push(b),
+            Ok(None) => {}
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Frees every block under `key` (none: nothing).
+    pub(super) fn free(&mut self, key: Key) {
+        for b in self.blocks.remove(&key).unwrap_or_default() {
+            if let Err(e) = self.alloc.free(b) {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Frees every block whose key `pick` selects.
+    pub(super) fn free_all(&mut self, pick: impl Fn(&Key) -> bool) {
+        let keys: Vec<Key> = self.blocks.keys().filter(|k| pick(k)).copied().collect();
+        for k in keys {
+            self.free(k);
+        }
+    }
+
+    /// Moves the blocks under `from` to `to` (the same tensors under a new name).
+    pub(super) fn rename(&mut self, from: Key, to: Key) {
+        if let Some(bs) = self.blocks.remove(&from) {
+            self.blocks.entry(to).or_default().extend(bs);
+        }
+    }
+
+    /// Restarts the peaks from now (`torch.cuda.reset_peak_memory_stats()`).
+    pub(super) fn reset_peaks(&mut self) {
+        self.alloc.reset_peaks();
+    }
+
+    /// The peaks since the last reset: (`max_memory_allocated`, `max_memory_reserved`), or
+    /// the first error met.
+    pub(super) fn peaks(&self) -> Result<(u64, u64), Error> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok((self.alloc.max_allocated(), self.alloc.max_reserved())),
+        }
+    }
+}
