@@ -381,7 +381,7 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
         let how = if s.expandable_segments {
             "expandable segments"
         } else {
-            "2 MiB and 20 MiB segments, best fit"
+            "segments"
         };
         writeln!(
             out,
