@@ -92,6 +92,9 @@ pub struct Zero {
     /// `stage3_param_persistence_threshold`, in elements (default 1e5): ZeRO-3 keeps parameters
     /// this small gathered for the whole step.
     pub param_persistence_threshold: u64,
+    /// `stage3_max_reuse_distance`, in elements (default 1e9): ZeRO-3 does not release a
+    /// parameter after its forward when it is used again within this many fetched elements.
+    pub max_reuse_distance_elems: u64,
 }
 
 impl Zero {
@@ -103,6 +106,7 @@ impl Zero {
             reduce_bucket_elems: 500_000_000,
             allgather_bucket_elems: 500_000_000,
             param_persistence_threshold: 100_000,
+            max_reuse_distance_elems: 1_000_000_000,
         }
     }
 }

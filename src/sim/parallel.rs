@@ -37,13 +37,23 @@ pub(super) struct Unit {
     pub steps: Range<usize>,
     /// Bytes of its whole (gathered) parameters.
     pub gathered_bytes: u64,
+    /// Elements of its parameters.
+    pub numel: u64,
     /// Its trainable parameter values: whole gradient bytes and this rank's shard of them.
     pub grads: Vec<(ValueId, u64, u64)>,
     /// Freed after its forward and gathered again for its backward.
     pub reshard_after_forward: bool,
-    /// FSDP's root: gathered before the first step, kept to the end of backward, and its
-    /// gradients reduced last (`FSDPState._root_post_backward_final_callback`).
-    pub root: bool,
+    /// FSDP2: the all-gather lands in an output buffer of the gathered size, copied out into
+    /// the unsharded parameters (`foreach_all_gather`, `foreach_all_gather_copy_out` in
+    /// `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`). In backward the buffer is
+    /// freed right after the copy-out; in forward it is kept until the next unit's all-gather
+    /// has been issued (`FSDPParamGroup.wait_for_unshard` saves it in `all_gather_state` "to
+    /// allow for overlap of this copy-out with next all-gather collective").
+    pub gather_buffer: bool,
+    /// FSDP2: bytes of the reduce-scatter input the unit's whole gradients are copied into
+    /// before they are freed (`foreach_reduce`: `reduce_scatter_input` of the padded
+    /// unsharded size, `foreach_reduce_scatter_copy_in`); 0 when there is none.
+    pub reduce_buffer_bytes: u64,
 }
 
 /// The plan applied to one tape.
@@ -291,6 +301,12 @@ impl Dist {
                     dist.units = units(tape, &trainable, true, f.reshard_after_forward, |t| {
                         shard_grad(t, f.shard_group)
                     });
+                    for u in &mut dist.units {
+                        u.gather_buffer = true;
+                        u.reduce_buffer_bytes = u.grads.iter().fold(0u64, |a, g| {
+                            a.saturating_add(g.2.saturating_mul(f.shard_group))
+                        });
+                    }
                 }
             }
             Sharding::Zero(z) => {
@@ -324,6 +340,17 @@ impl Dist {
                         });
                         dist.reduce = Reduce::PerUnit { into_buffer: true };
                         dist.units = units(tape, &trainable, false, true, |t| shard_grad(t, ranks));
+                        // A unit's parameters are released after its forward only when more
+                        // than `stage3_max_reuse_distance` elements are fetched before their
+                        // next use, in its backward: the units after it, in forward and again in
+                        // backward (`PartitionedParameterCoordinator.__params_to_release`). In
+                        // backward the next use is the next step's: they are released.
+                        let mut later = 0u64;
+                        for u in dist.units.iter_mut().rev() {
+                            u.reshard_after_forward =
+                                later.saturating_mul(2) > z.max_reuse_distance_elems;
+                            later = later.saturating_add(u.numel);
+                        }
                         // Parameters at most `stage3_param_persistence_threshold` elements stay
                         // gathered all step (`DeepSpeedZeRoOffload.persistent_parameters`).
                         for p in tape
@@ -349,8 +376,10 @@ impl Dist {
 
 /// The units of a sharded run: each copy of an outermost repeated block (FSDP2 `fully_shard`
 /// per decoder layer, DeepSpeed ZeRO-3's module hooks per block), and the parameters outside
-/// them: with `root` one unit over the whole step (FSDP2's root module), else one unit per run
-/// of steps that reads them (ZeRO-3 fetches each module's parameters around it). Each
+/// them: with `root` one unit over the whole step, first in the list (FSDP2's root module:
+/// gathered at its pre-forward, before the first layer, resharded after the whole forward,
+/// gathered again when backward starts and reduced after the last gradient), else one unit per
+/// run of steps that reads them (ZeRO-3 fetches each module's parameters around it). Each
 /// parameter belongs to the unit of the first step that reads it.
 fn units(
     tape: &Tape,
@@ -385,9 +414,11 @@ fn units(
     let mut root_unit = Unit {
         steps: 0..tape.steps.len(),
         gathered_bytes: 0,
+        numel: 0,
         grads: Vec::new(),
-        reshard_after_forward: false,
-        root: true,
+        reshard_after_forward,
+        gather_buffer: false,
+        reduce_buffer_bytes: 0,
     };
     for (range, block) in ranges {
         // Outside blocks without a root: one unit per layer's run of steps.
@@ -407,9 +438,11 @@ fn units(
             let mut unit = Unit {
                 steps: piece.clone(),
                 gathered_bytes: 0,
+                numel: 0,
                 grads: Vec::new(),
                 reshard_after_forward,
-                root: false,
+                gather_buffer: false,
+                reduce_buffer_bytes: 0,
             };
             for i in piece {
                 for &v in &tape.steps[i].inputs {
@@ -427,6 +460,7 @@ fn units(
                         &mut root_unit
                     };
                     target.gathered_bytes = target.gathered_bytes.saturating_add(p.bytes);
+                    target.numel = target.numel.saturating_add(p.numel);
                     if let Some(t) = trainable_of.get(&p.value) {
                         target.grads.push((t.value, t.grad_bytes, shard_grad(t)));
                     }
@@ -438,7 +472,7 @@ fn units(
         }
     }
     if root && (root_unit.gathered_bytes > 0 || !root_unit.grads.is_empty()) {
-        out.push(root_unit);
+        out.insert(0, root_unit);
     }
     out
 }

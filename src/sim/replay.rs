@@ -59,6 +59,8 @@ pub(super) struct Replay<'a> {
     gathered: Vec<bool>,
     /// The caching allocator fed every tensor, when asked for ([`Replay::with_heap`]).
     pub heap: Option<Heap>,
+    /// FSDP2's last all-gather output in forward, kept until the next all-gather.
+    pending_gather: u64,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -115,6 +117,7 @@ impl<'a> Replay<'a> {
             dist: None,
             gathered: Vec::new(),
             heap: None,
+            pending_gather: 0,
         }
     }
 
@@ -124,13 +127,28 @@ impl<'a> Replay<'a> {
         self.dist = Some(dist);
     }
 
-    /// Gathers unit `u`'s parameters (a communication buffer) unless they are.
-    fn gather(&mut self, u: usize) {
-        if let Some(d) = self.dist
-            && !self.gathered[u]
-        {
-            self.gathered[u] = true;
-            self.add(Category::CommBuffers, d.units[u].gathered_bytes);
+    /// Gathers unit `u`'s parameters (a communication buffer) unless they are, during
+    /// `phase` in `layer`: with an all-gather output buffer, that buffer and the unsharded
+    /// parameters are live together (an event of its own), then the buffer is freed (in
+    /// backward) or kept until the next gather (in forward).
+    fn gather(&mut self, u: usize, phase: Phase, layer: Option<LayerId>) {
+        let Some(d) = self.dist else { return };
+        if self.gathered[u] {
+            return;
+        }
+        self.gathered[u] = true;
+        let unit = &d.units[u];
+        let w = unit.gathered_bytes;
+        self.add(Category::CommBuffers, w);
+        if unit.gather_buffer {
+            self.add(Category::CommBuffers, w);
+            self.check(phase, layer);
+            if phase == Phase::Forward {
+                let previous = std::mem::replace(&mut self.pending_gather, w);
+                self.sub(Category::CommBuffers, previous);
+            } else {
+                self.sub(Category::CommBuffers, w);
+            }
         }
     }
 
@@ -146,11 +164,17 @@ impl<'a> Replay<'a> {
 
     /// Reduces unit `u`'s gradients to this rank's shard: the whole ones are freed, the shard
     /// stays (unless it lands in a buffer counted from the start).
-    fn reduce_unit(&mut self, u: usize, has_grad: &TiVec<ValueId, bool>) {
+    fn reduce_unit(&mut self, u: usize, has_grad: &TiVec<ValueId, bool>, layer: Option<LayerId>) {
         let Some(d) = self.dist else { return };
         let Reduce::PerUnit { into_buffer } = d.reduce else {
             return;
         };
+        let buffer = d.units[u].reduce_buffer_bytes;
+        if buffer > 0 {
+            // The whole gradients are copied into the reduce-scatter input, then freed.
+            self.add(Category::CommBuffers, buffer);
+            self.check(Phase::Backward, layer);
+        }
         for &(v, whole, shard) in &d.units[u].grads {
             if has_grad.get(v).copied().unwrap_or(false) {
                 self.sub(Category::Gradients, whole);
@@ -159,6 +183,7 @@ impl<'a> Replay<'a> {
                 }
             }
         }
+        self.sub(Category::CommBuffers, buffer);
     }
 
     /// Feeds every tensor made live or dead to `heap`.
@@ -346,11 +371,6 @@ impl<'a> Replay<'a> {
         if let Some(d) = self.dist {
             self.add(Category::CommBuffers, d.comm_always);
             self.add(Category::Gradients, d.grads_always);
-            for (u, unit) in d.units.iter().enumerate() {
-                if unit.root {
-                    self.gather(u);
-                }
-            }
         }
         self.check(Phase::Forward, None);
     }
@@ -363,7 +383,7 @@ impl<'a> Replay<'a> {
         for (i, step) in tape.steps.iter().enumerate() {
             for (u, unit) in units.iter().enumerate() {
                 if unit.steps.start == i {
-                    self.gather(u);
+                    self.gather(u, Phase::Forward, Some(step.layer));
                 }
             }
             for &s in &step.allocs {
@@ -380,11 +400,13 @@ impl<'a> Replay<'a> {
                 }
             }
             for (u, unit) in units.iter().enumerate() {
-                if unit.steps.end == i + 1 && unit.reshard_after_forward && !unit.root {
+                if unit.steps.end == i + 1 && unit.reshard_after_forward {
                     self.release(u);
                 }
             }
         }
+        let last = std::mem::take(&mut self.pending_gather);
+        self.sub(Category::CommBuffers, last);
     }
 
     /// The backward pass, steps in reverse: a checkpointed segment is recomputed before its
@@ -416,7 +438,7 @@ impl<'a> Replay<'a> {
         for i in (0..tape.steps.len()).rev() {
             for (u, unit) in units.iter().enumerate() {
                 if unit.steps.end == i + 1 {
-                    self.gather(u);
+                    self.gather(u, Phase::Backward, Some(tape.steps[i].layer));
                 }
             }
             if let Some(&g) = seg_by_end.get(&(i + 1)) {
@@ -519,18 +541,13 @@ impl<'a> Replay<'a> {
                     }
                 }
             }
-            for (u, unit) in units.iter().enumerate() {
-                if unit.steps.start == i && !unit.root {
+            // Units end in reverse order of their start (the root, which spans the step,
+            // last): its parameters are resharded, then its gradients reduced.
+            for (u, unit) in units.iter().enumerate().rev() {
+                if unit.steps.start == i {
                     self.release(u);
-                    self.reduce_unit(u, &has_grad);
+                    self.reduce_unit(u, &has_grad, Some(tape.steps[i].layer));
                 }
-            }
-        }
-        // FSDP's root reduces last, after the whole backward.
-        for (u, unit) in units.iter().enumerate() {
-            if unit.root {
-                self.release(u);
-                self.reduce_unit(u, &has_grad);
             }
         }
         self.sub(Category::CommBuffers, comm_backward);
