@@ -60,7 +60,7 @@ fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Resul
     let fmt = |b: u64| format_bytes(b, units);
     writeln!(
         out,
-        "per GPU: {} (data parallel {}); the figures above are one GPU's",
+        "per GPU: {}; data parallel {}; every figure above is one GPU's",
         p.description, p.data_parallel
     )?;
     let mut table = Table::new();

@@ -238,10 +238,10 @@ impl Plan {
         let gpus = self.gpus;
         match self.sharding {
             Sharding::Ddp(d) => format!(
-                "DDP over {gpus} GPUs (buckets of {} MiB{})",
+                "DDP over {gpus} GPUs, {} MiB buckets{}",
                 d.bucket_cap_bytes >> 20,
                 if d.gradient_as_bucket_view {
-                    ", gradient_as_bucket_view"
+                    " as gradient views"
                 } else {
                     ""
                 }

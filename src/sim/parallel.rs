@@ -100,8 +100,9 @@ impl Dist {
     /// This rank's gradient bytes once they are reduced, given the whole gradients' bytes.
     pub(super) fn gradient_bytes(&self, whole: u64) -> u64 {
         match self.reduce {
-            Reduce::Never => whole,
-            Reduce::AtStep => self.step_grad_bytes,
+            // ZeRO-1 holds the whole gradients through backward (the paper's 2Ψ); its float32
+            // partition exists only during the step.
+            Reduce::Never | Reduce::AtStep => whole,
             Reduce::PerUnit { into_buffer: true } => self.grads_always,
             Reduce::PerUnit { into_buffer: false } => {
                 let (all, shard) = self

@@ -137,3 +137,79 @@ fn measured_ranks() {
     eprintln!("{table}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The plans the property draws from: DDP (with or without bucket views), ZeRO 0–3, FSDP
+/// full-shard, shard-grad-op and no-shard.
+fn plan(engine: u8, gpus: u64) -> memest::parallel::PlanFlags {
+    use memest::parallel::{FsdpStrategy, PlanFlags};
+    let mut f = PlanFlags {
+        gpus: Some(gpus),
+        ..PlanFlags::default()
+    };
+    match engine {
+        0 => f.ddp = true,
+        1 => f.gradient_as_bucket_view = true,
+        2..=5 => f.zero = Some(engine - 2),
+        6 => f.fsdp = Some(FsdpStrategy::FullShard),
+        7 => f.fsdp = Some(FsdpStrategy::ShardGradOp),
+        _ => f.fsdp = Some(FsdpStrategy::NoShard),
+    }
+    f
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 16,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(20_261_201),
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Sharding never loses or invents bytes: on a model whose every dimension divides by the
+    /// GPUs (the tiny Llama: 512, 1408, 32000 over 1–8), each model state per GPU times the ranks
+    /// sharing it is the whole model's, plus the parts every rank keeps whole (Adam's 4-byte
+    /// `step`, one per tensor it updates: per parameter under FSDP, one per flat partition
+    /// under ZeRO); DeepSpeed's float32 master partitions add up to the float32 model; the
+    /// communication buffers are their own category; and the categories at the peak add up to
+    /// the peak.
+    #[test]
+    fn sharding_keeps_every_byte(engine in 0u8..9, log2 in 0u32..4, batch in 1u64..3) {
+        let gpus = 1u64 << log2;
+        let src = std::fs::read_to_string(path("examples/llama_tiny.toml")).unwrap();
+        let flags = plan(engine, gpus);
+        let parallel = flags.resolve().unwrap();
+        let overrides = memest::settings::Overrides {
+            batch: Some(batch),
+            seq: Some(64),
+            dtype: Some(memest::dtype::DType::Float32),
+            device: Some(memest::settings::Device::Cpu),
+            parallel,
+            ..Default::default()
+        };
+        let r = memest::estimate(&src, memest::spec::Format::Toml, "llama", &overrides, None).unwrap();
+        let p = r.parallel.as_ref().unwrap();
+        let split = p.plan.split();
+        let (whole, per) = (p.unsharded, p.per_gpu);
+        let tensors = 39u64;
+        let numel = r.trainable_param_count;
+        proptest::prop_assert_eq!(per.parameters_bytes * split.params, whole.parameters_bytes);
+        proptest::prop_assert_eq!(per.gradients_bytes * split.grads, whole.gradients_bytes);
+        let zero = matches!(p.plan.sharding, memest::parallel::Sharding::Zero(z) if z.stage >= 1);
+        let (steps_whole, steps_per) = if zero { (4 * tensors, 4) } else { (4 * tensors, 4 * tensors) };
+        proptest::prop_assert_eq!(
+            (per.optimizer_state_bytes - steps_per) * split.optimizer,
+            whole.optimizer_state_bytes - steps_whole
+        );
+        if zero {
+            proptest::prop_assert_eq!(per.master_weights_bytes * split.optimizer, 4 * numel);
+        } else {
+            proptest::prop_assert_eq!(per.master_weights_bytes, whole.master_weights_bytes);
+        }
+        // The report's top-level figures are the per-GPU ones.
+        proptest::prop_assert_eq!(r.parameters_bytes, per.parameters_bytes);
+        proptest::prop_assert_eq!(r.optimizer_state_bytes, per.optimizer_state_bytes);
+        let parts: u64 = memest::sim::Category::ALL.iter().map(|&c| r.at_peak.get(c)).sum();
+        proptest::prop_assert_eq!(parts, r.peak_bytes);
+        proptest::prop_assert_eq!(p.comm_buffers_bytes, r.category_max.comm_buffers_bytes);
+    }
+}

@@ -203,6 +203,12 @@ mod flags {
         hf_llama_3_8b_max_context_json => [LLAMA3, "--mode", "infer", "--budget", "24GiB", "--max-context", "--format", "json"],
         fixture_mlp_json => ["tests/fixtures/mlp.json", "--format", "json"],
         seq_without_length_given_one => ["tests/fixtures/seq_without_length.toml", "--seq", "8", "--format", "json"],
+        llama_tiny_gpus2_ddp => ["examples/llama_tiny.toml", "--gpus", "2"],
+        llama_tiny_gpus2_fsdp_json => ["examples/llama_tiny.toml", "--gpus", "2", "--fsdp", "full-shard", "--format", "json"],
+        hf_llama_3_8b_gpus8_zero3 => [LLAMA3, "--gpus", "8", "--zero", "3", "--recipe", "mixed-bf16", "--batch", "4", "--seq", "4096"],
+        hf_llama_3_8b_gpus8_fsdp_max_batch => [LLAMA3, "--gpus", "8", "--fsdp", "full-shard", "--dtype", "bfloat16", "--seq", "4096", "--budget", "80GB", "--max-batch"],
+        zero_without_gpus => [MLP, "--zero", "3"],
+        zero_stage_past_3 => [MLP, "--gpus", "2", "--zero", "4"],
     }
 
     #[test]
