@@ -103,6 +103,21 @@ pub struct Cli {
     /// Activation checkpointing of every repeated block.
     #[arg(long)]
     checkpoint: bool,
+    /// Gradient accumulation: N micro-batches of --batch per optimizer step; gradients persist
+    /// from one micro-batch to the next [default: 1]
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    grad_accum: Option<u64>,
+    /// Apply the optimizer inside backward (torchtune's optimizer_in_bwd): each parameter is
+    /// updated and its gradient freed as soon as the gradient is ready.
+    #[arg(long)]
+    optim_in_backward: bool,
+    /// bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit, PagedLion): its state lives
+    /// in CUDA unified memory, outside PyTorch's allocator; shown on its own line, not in the peak.
+    #[arg(long)]
+    paged: bool,
+    /// Keep an EMA copy of the weights, in their own dtype (`weights`) or in float32.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "weights", value_name = "PRECISION")]
+    ema: Option<memest::settings::EmaPrecision>,
     /// Whose kernels' saved tensors to model: cuda (default, alias gpu) or cpu (a CPU run).
     #[arg(long, value_parser = VocabParser::<Device>::new())]
     device: Option<Device>,
@@ -156,6 +171,7 @@ pub struct Cli {
             "lora_rank", "lora_targets", "context", "kv_dtype", "max_batch", "max_context",
             "allow_long_context", "mode", "attention", "amp", "recipe", "checkpoint", "device",
             "expandable_segments", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
+            "grad_accum", "optim_in_backward", "paged", "ema",
         ]
     )]
     print_model: bool,
@@ -468,6 +484,10 @@ impl Cli {
             }
             .resolve()?,
             expandable_segments: self.expandable_segments,
+            grad_accum: self.grad_accum,
+            optim_in_backward: self.optim_in_backward,
+            paged: self.paged,
+            ema: self.ema,
         };
         let search = if self.max_batch {
             Some(Dimension::Batch)

@@ -169,6 +169,10 @@ pub enum SettingKey {
     Search,
     /// `--gpus`, `--ddp`, `--zero`, `--fsdp` and their options.
     Parallel,
+    /// `--grad-accum`, `defaults.grad_accum`.
+    GradAccum,
+    /// `--optim-in-backward`, `--paged`, `--ema`: how the optimizer runs.
+    OptimizerRun,
 }
 
 /// An invalid setting.

@@ -401,6 +401,40 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
             write!(out, "; master weights: {}", fmt(r.master_weights_bytes))?;
         }
         writeln!(out)?;
+        writeln!(
+            out,
+            "held between steps: {} (weights, buffers, optimizer state; gradients freed by zero_grad); after forward: {}",
+            fmt(r.held_between_steps_bytes),
+            fmt(r.held_after_forward_bytes)
+        )?;
+        if let Some(p) = r.accumulating_peak_bytes {
+            writeln!(
+                out,
+                "gradient accumulation: {} micro-batches; micro-batches 2..{} peak at {} with the gradients live",
+                s.grad_accum,
+                s.grad_accum,
+                fmt(p)
+            )?;
+        }
+        if let Some(p) = r.paged_optimizer_state_bytes {
+            writeln!(
+                out,
+                "paged optimizer state: {} in CUDA unified memory (bitsandbytes), outside PyTorch's allocator: not in the peak{}",
+                fmt(p),
+                if r.budget.is_some() {
+                    " nor the budget"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        if let Some(e) = r.ema_bytes {
+            writeln!(
+                out,
+                "EMA copy of the weights: {} (counted with the optimizer state)",
+                fmt(e)
+            )?;
+        }
     } else {
         write!(
             out,

@@ -63,6 +63,30 @@ pub struct Report {
     /// Temporaries of one optimizer step (`foreach` implementations), plus the float32 copies
     /// of 16-bit gradients under a `mixed-*` recipe.
     pub optimizer_temporaries_bytes: u64,
+    /// What stays allocated between two steps: parameters, buffers, master weights, the optimizer
+    /// state the allocator counts and an EMA copy. No gradients: `zero_grad(set_to_none=True)`
+    /// (PyTorch's default since 2.0) frees them; no input batch. In inference: the parameters
+    /// and buffers.
+    pub held_between_steps_bytes: u64,
+    /// What is live when the forward pass has returned (the loss computed, backward not begun):
+    /// what is held between steps, the batch, the tensors saved for backward, the output and the
+    /// loss (in inference: the output, and the KV cache).
+    pub held_after_forward_bytes: u64,
+    /// With `--grad-accum N` (N > 1): the peak of one of micro-batches 2..N, which run with the
+    /// gradients of the earlier ones live (each backward adds into `.grad` in place); the
+    /// step's peak (`peak_bytes`) is the largest of this, the first micro-batch's and the
+    /// optimizer step's. Absent without accumulation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulating_peak_bytes: Option<u64>,
+    /// With `--paged`: the optimizer state in bitsandbytes' paged (CUDA unified) memory. PyTorch's
+    /// allocator does not count it, so it is in neither `peak_bytes` nor the budget check; the
+    /// driver moves its pages to host memory when the GPU runs short. Absent without `--paged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paged_optimizer_state_bytes: Option<u64>,
+    /// With `--ema`: the EMA copy of the weights (and buffers), counted with the optimizer state
+    /// in `at_peak` and `category_max`. Absent without `--ema`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_bytes: Option<u64>,
     /// The estimated memory needed: the peak of the simulated step.
     pub total_bytes: u64,
     /// Same as `total_bytes`.
@@ -514,6 +538,11 @@ impl Report {
             kv_cache_bytes: bytes_of(StorageKind::KvCache),
             peak_activations_bytes: sim.peak_live_activations,
             optimizer_temporaries_bytes: sim.optimizer_temp_bytes,
+            held_between_steps_bytes: sim.held.between_steps,
+            held_after_forward_bytes: sim.held.after_forward,
+            accumulating_peak_bytes: sim.held.accumulating_peak,
+            paged_optimizer_state_bytes: settings.paged.then_some(sim.paged_state_bytes),
+            ema_bytes: settings.ema.map(|_| sim.ema_bytes),
             total_bytes: total,
             peak_bytes: total,
             allocated_peak_bytes: sim.allocator.map(|a| a.allocated_peak_bytes),

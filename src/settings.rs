@@ -34,6 +34,21 @@ pub struct Overrides {
     /// `--expandable-segments`: the CUDA caching allocator runs with
     /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
     pub expandable_segments: bool,
+    pub grad_accum: Option<u64>,
+    pub optim_in_backward: bool,
+    pub paged: bool,
+    pub ema: Option<EmaPrecision>,
+}
+
+/// The precision of an EMA copy of the weights (`--ema`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EmaPrecision {
+    /// The weights' own dtype (`torch.optim.swa_utils.AveragedModel` deep-copies the model; timm's
+    /// `ModelEmaV3` and diffusers' `EMAModel` copy each parameter as it is).
+    Weights,
+    /// float32 copies of 16-bit weights (diffusers' `EMAModel` after `.to(dtype=torch.float32)`,
+    /// the usual way to keep an EMA of a bfloat16 model from rounding away its small updates).
+    Float32,
 }
 
 /// LoRA adapters (`--lora-rank`): the base model is frozen and every targeted linear projection
@@ -145,6 +160,29 @@ pub struct Settings {
     /// (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`); serialized only when on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expandable_segments: bool,
+    /// Micro-batches per optimizer step (gradient accumulation); serialized when above 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub grad_accum: u64,
+    /// torchtune's `optimizer_in_bwd`: each parameter is updated, and its gradient freed, as
+    /// soon as its gradient is ready; serialized when on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optim_in_backward: bool,
+    /// The optimizer's state lives in bitsandbytes' paged (CUDA unified) memory; serialized
+    /// when on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paged: bool,
+    /// The dtype of an EMA copy of the weights, when one is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema: Option<DType>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn is_one(n: &u64) -> bool {
+    *n == 1
 }
 
 impl Settings {
@@ -230,6 +268,48 @@ impl Settings {
             }
         };
         let dtype = recipe.weights;
+        let training = mode == Mode::Train;
+        let grad_accum = o.grad_accum.or(defaults.grad_accum).unwrap_or(1);
+        if grad_accum == 0 {
+            return Err(Error::setting(
+                SettingKey::GradAccum,
+                "gradient accumulation needs at least 1 micro-batch per step",
+            ));
+        }
+        let grad_accum = if training { grad_accum } else { 1 };
+        let optim_in_backward = o.optim_in_backward && training;
+        if optim_in_backward && grad_accum > 1 {
+            // torchtune's recipes refuse it: "Gradient accumulation is not supported with
+            // optimizer in bwd" (recipes/full_finetune_single_device.py, `_setup_optimizer`).
+            return Err(Error::setting(
+                SettingKey::OptimizerRun,
+                format!(
+                    "--optim-in-backward frees each gradient as soon as it is applied, so it cannot accumulate --grad-accum {grad_accum} micro-batches (torchtune refuses the pair too)"
+                ),
+            ));
+        }
+        let paged = o.paged && training;
+        if paged && !optimizer.has_paged_version() {
+            return Err(Error::setting(
+                SettingKey::OptimizerRun,
+                format!(
+                    "--paged: bitsandbytes has paged versions of adam, adamw, adam-8bit and lion only, not of {optimizer}"
+                ),
+            ));
+        }
+        if paged && o.optimizer_impl.is_some() {
+            return Err(Error::setting(
+                SettingKey::OptimizerRun,
+                format!(
+                    "--paged runs bitsandbytes' own optimizer, which has one implementation; it cannot be combined with --optim-impl {}",
+                    optimizer_impl
+                ),
+            ));
+        }
+        let ema = o.ema.filter(|_| training).map(|p| match p {
+            EmaPrecision::Weights => dtype,
+            EmaPrecision::Float32 => DType::Float32,
+        });
         if o.kv_dtype.is_some() && mode == Mode::Train {
             return Err(Error::setting(
                 SettingKey::KvDtype,
@@ -253,6 +333,10 @@ impl Settings {
             recipe,
             parallel: o.parallel.clone().filter(|_| mode == Mode::Train),
             expandable_segments: o.expandable_segments,
+            grad_accum,
+            optim_in_backward,
+            paged,
+            ema,
         })
     }
 

@@ -167,6 +167,9 @@ pub struct DefaultsSpec {
     /// `cuda` (alias `gpu`) or `cpu`: whose kernels' saved tensors to model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<Device>,
+    /// Micro-batches per optimizer step (gradient accumulation, `--grad-accum`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_accum: Option<u64>,
 }
 
 /// The keys each layer kind accepts, in reading order: [`crate::graph::kind_keys`]. The spec does

@@ -96,6 +96,34 @@ impl Optimizer {
         )
     }
 
+    /// Whether bitsandbytes has a paged version (`--paged`): `PagedAdam`, `PagedAdamW`,
+    /// `PagedAdamW8bit` (for `adam-8bit`) and `PagedLion` (`bitsandbytes/optim/adamw.py`,
+    /// `adam.py`, `lion.py`: the same classes with `is_paged=True`).
+    #[must_use]
+    pub const fn has_paged_version(self) -> bool {
+        matches!(
+            self,
+            Optimizer::Adam | Optimizer::Adamw | Optimizer::Adam8bit | Optimizer::Lion
+        )
+    }
+
+    /// State bytes of bitsandbytes' paged version of this optimizer for `param`
+    /// ([`Optimizer::has_paged_version`]). The 32-bit ones keep float32 state whatever the
+    /// parameter's dtype (`Optimizer2State.init_state`/`Optimizer1State.init_state` with
+    /// `optim_bits=32`: `get_state_buffer(p, dtype=torch.float32)`), and their `step` is a Python
+    /// int: Adam and AdamW `8n`, Lion `4n`; 8-bit AdamW as [`Optimizer::Adam8bit`]. `None` for an
+    /// optimizer without a paged version.
+    #[must_use]
+    pub fn paged_state_bytes(self, param: TensorInfo<'_>) -> Option<u64> {
+        let n = param.numel;
+        match self {
+            Optimizer::Adam | Optimizer::Adamw => Some(n.saturating_mul(8)),
+            Optimizer::Lion => Some(n.saturating_mul(4)),
+            Optimizer::Adam8bit => Some(self.state_bytes(param)),
+            _ => None,
+        }
+    }
+
     /// Whether `implementation` exists for this optimizer: `foreach` for every one (the others'
     /// own implementation), the for-loop for `torch.optim` ones, `fused` for SGD, Adam, AdamW
     /// and Adagrad (the `torch.optim` classes with a `fused` argument).

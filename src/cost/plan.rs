@@ -154,6 +154,9 @@ pub struct OptimizerPlan<Id> {
     pub master_bytes: u64,
     /// Temporaries of the step ([`OptimizerImpl::step_temporaries`]).
     pub temp_bytes: u64,
+    /// Whether the state is bitsandbytes' paged state ([`OptimizerPlan::paged`]): it lives in
+    /// CUDA unified memory, outside PyTorch's allocator.
+    pub paged: bool,
     /// Per parameter with a master copy and 16-bit gradients: its id, the 16-bit gradient's
     /// bytes and the float32 copy's bytes.
     grad_copies: Vec<(Id, u64, u64)>,
@@ -190,6 +193,7 @@ impl<Id> Default for OptimizerPlan<Id> {
             state_bytes: 0,
             master_bytes: 0,
             temp_bytes: 0,
+            paged: false,
             grad_copies: Vec::new(),
             tensors: Vec::new(),
             shared_state_bytes: 0,
@@ -253,6 +257,34 @@ impl<Id: Copy> OptimizerPlan<Id> {
         plan.foreach = implementation != OptimizerImpl::ForLoop;
         plan.temp_bytes = implementation.step_temporaries(optimizer, &views);
         plan
+    }
+
+    /// The plan of bitsandbytes' paged version of `optimizer` instead (`PagedAdamW`,
+    /// `PagedAdamW8bit`, …): its state ([`Optimizer::paged_state_bytes`]) is allocated with
+    /// `cudaMallocManaged` in unified memory (`bitsandbytes/functional.py`, `get_paged`, through
+    /// `GlobalPageManager`), which PyTorch's caching allocator neither makes nor counts, and which
+    /// the driver pages out to host memory when the GPU runs short; one fused kernel per tensor
+    /// updates in place, so no temporaries. The optimizer updates `params` themselves (no master
+    /// copies). `None` when bitsandbytes has no paged version of `optimizer`.
+    #[must_use]
+    pub fn paged<'a>(
+        optimizer: Optimizer,
+        params: impl IntoIterator<Item = (Id, TensorInfo<'a>, DType)>,
+    ) -> Option<OptimizerPlan<Id>> {
+        let mut plan = OptimizerPlan {
+            paged: true,
+            ..OptimizerPlan::default()
+        };
+        let mut views = Vec::new();
+        for (_, param, _) in params {
+            let bytes = optimizer.paged_state_bytes(param)?;
+            plan.state_bytes = plan.state_bytes.saturating_add(bytes);
+            views.push(param);
+        }
+        plan.state_bytes = plan
+            .state_bytes
+            .saturating_add(optimizer.shared_state_bytes(&views));
+        Some(plan)
     }
 
     /// Bytes of the float32 gradient copies, and of the 16-bit gradients they replace, for

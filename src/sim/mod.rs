@@ -32,6 +32,8 @@ mod liveness;
 mod parallel;
 mod replay;
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 use typed_index_collections::{TiVec, ti_vec};
 
@@ -191,6 +193,14 @@ pub struct Simulation {
     /// Optimizer-step temporaries (the `foreach` temporaries, plus the float32 copies of
     /// 16-bit gradients a `mixed-*` recipe hands the optimizer).
     pub optimizer_temp_bytes: u64,
+    /// Optimizer state in bitsandbytes' paged memory (`--paged`), outside the allocator and the
+    /// peak; 0 otherwise.
+    pub paged_state_bytes: u64,
+    /// The EMA copy of the weights (`--ema`), counted in [`Category::OptimizerState`].
+    pub ema_bytes: u64,
+    /// What is live between steps, after the forward pass, and an accumulating micro-batch's
+    /// peak.
+    pub held: Held,
     /// The step over time, when [`Observe::timeline`] asked for it.
     pub timeline: Option<Timeline>,
     /// Every tensor live at the peak, largest first, when [`Observe::explain`] asked for it
@@ -394,21 +404,43 @@ pub fn simulate_observed(
         .as_ref()
         .filter(|_| training)
         .map(|p| parallel::Dist::new(tape, settings, p));
+    let trainable = || {
+        tape.params
+            .iter()
+            .filter(|p| p.trainable)
+            .map(|p| (p.value, p.info(), tape.values[p.value].dtype))
+    };
     let plan = match settings.optimizer.filter(|_| training) {
         Some(_) if dist.is_some() => dist
             .as_ref()
             .map(|d| d.optimizer.clone())
             .unwrap_or_default(),
-        Some(opt) => OptimizerPlan::new(
-            opt,
-            settings.optimizer_impl,
-            &settings.recipe,
-            tape.params
-                .iter()
-                .filter(|p| p.trainable)
-                .map(|p| (p.value, p.info(), tape.values[p.value].dtype)),
-        ),
+        Some(opt) if settings.paged => OptimizerPlan::paged(opt, trainable()).unwrap_or_default(),
+        Some(opt) => {
+            OptimizerPlan::new(opt, settings.optimizer_impl, &settings.recipe, trainable())
+        }
         None => OptimizerPlan::default(),
+    };
+    // The optimizer state the allocator counts: paged state lives outside it.
+    let counted_state = if plan.paged { 0 } else { plan.state_bytes };
+    let ema_bytes = if training {
+        ema_bytes(tape, settings.ema)
+    } else {
+        0
+    };
+    // torchtune's `optimizer_in_bwd`: one optimizer per parameter, so each step's temporaries
+    // are those of one tensor.
+    let in_bwd_temps: HashMap<ValueId, u64> = match settings.optimizer {
+        Some(opt) if training && settings.optim_in_backward && !settings.paged => trainable()
+            .map(|(v, info, _)| (v, settings.optimizer_impl.step_temporaries(opt, &[info])))
+            .collect(),
+        _ => HashMap::new(),
+    };
+    let in_bwd = |v: ValueId| in_bwd_temps.get(&v).copied().unwrap_or(0);
+    let in_backward: Option<&dyn Fn(ValueId) -> u64> = if settings.optim_in_backward && training {
+        Some(&in_bwd)
+    } else {
+        None
     };
     let param_grad = settings
         .grad_dtype_override()
@@ -418,15 +450,34 @@ pub fn simulate_observed(
         .master_bytes
         .saturating_add(dist.as_ref().map_or(0, |d| d.master_partition_bytes));
     let steps = |replay: &mut Replay| {
-        replay.start(plan.state_bytes, master_bytes);
+        let mut held = Held::default();
+        replay.start(counted_state.saturating_add(ema_bytes), master_bytes);
+        held.between_steps = replay.total().saturating_sub(replay.now(Category::Input));
         replay.forward(training);
-        if training {
-            let bwd = replay.backward(param_grad);
-            let temps = replay.optimizer_step(&plan, &bwd);
-            (bwd.gradient_bytes, temps)
-        } else {
-            (0, 0)
+        held.after_forward = replay.total();
+        if !training {
+            return (0, 0, held);
         }
+        let mut bwd = replay.backward(param_grad, None, in_backward);
+        if settings.grad_accum > 1 {
+            // Micro-batches 2..N are alike: gradients are live from their start and each
+            // backward adds into them.
+            replay.end_micro_batch();
+            replay.open_window();
+            replay.forward(training);
+            let more = replay.backward(param_grad, Some(&bwd.has_grad), in_backward);
+            bwd.has_grad = more.has_grad;
+            held.accumulating_peak = Some(replay.window_peak);
+        }
+        let temps = if in_backward.is_some() {
+            0
+        } else {
+            replay.optimizer_step(&plan, &bwd)
+        };
+        if ema_bytes > 0 {
+            replay.ema_update(ema_update_bytes(tape, settings.ema));
+        }
+        (bwd.gradient_bytes, temps, held)
     };
     let mut replay = Replay::new(tape, &facts);
     if let Some(d) = &dist {
@@ -435,7 +486,7 @@ pub fn simulate_observed(
     if observe.timeline {
         replay.record();
     }
-    let (gradient_bytes, optimizer_temp_bytes) = steps(&mut replay);
+    let (gradient_bytes, optimizer_temp_bytes, held) = steps(&mut replay);
     if let Some(e) = replay.error() {
         return Err(e);
     }
@@ -456,6 +507,7 @@ pub fn simulate_observed(
             &plan,
             training.then_some(param_grad),
             config,
+            (settings.grad_accum, in_backward),
         )?)
     } else {
         None
@@ -513,6 +565,9 @@ pub fn simulate_observed(
             ]
         }),
         optimizer_temp_bytes,
+        paged_state_bytes: if plan.paged { plan.state_bytes } else { 0 },
+        ema_bytes,
+        held,
         timeline,
         live_at_peak,
         allocator,
@@ -525,13 +580,15 @@ pub fn simulate_observed(
 /// how `measure_fake_cuda.py` measures (a warm-up step, `reset_peak_memory_stats`, the step).
 /// Each step starts with `zero_grad(set_to_none=True)` and ends when the caller drops the
 /// output and the loss. `training` carries the backward pass's parameter-gradient dtypes, as
-/// [`simulate`] passes them.
+/// [`simulate`] passes them; the last argument the micro-batches per step and the in-backward
+/// optimizer's per-parameter temporaries, as [`simulate`] runs them.
 fn allocator_peaks(
     tape: &Tape,
     facts: &Liveness,
     plan: &OptimizerPlan<ValueId>,
     training: Option<Option<(DType, DType)>>,
     config: crate::alloc::Config,
+    (grad_accum, in_backward): (u64, Option<&dyn Fn(ValueId) -> u64>),
 ) -> Result<AllocatorPeaks, Error> {
     let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
     r.load();
@@ -543,8 +600,19 @@ fn allocator_peaks(
         r.zero_grad();
         r.forward(training.is_some());
         if let Some(param_grad) = training {
-            let bwd = r.backward(param_grad);
-            r.optimizer_step_heap(plan, &bwd, first);
+            let mut bwd = r.backward(param_grad, None, in_backward);
+            if grad_accum > 1 {
+                r.end_micro_batch();
+                r.forward(true);
+                bwd.has_grad = r
+                    .backward(param_grad, Some(&bwd.has_grad), in_backward)
+                    .has_grad;
+            }
+            // Inside backward the optimizer ran already; the warm-up step still creates its
+            // state.
+            if in_backward.is_none() || first {
+                r.optimizer_step_heap(plan, &bwd, first);
+            }
         }
         r.end_step();
     }
@@ -557,6 +625,74 @@ fn allocator_peaks(
         allocated_peak_bytes,
         reserved_peak_bytes,
     })
+}
+
+/// Bytes of an EMA copy of the weights in `dtype` (`None`: no EMA): every parameter and buffer,
+/// as `copy.deepcopy(model)` makes them (`torch.optim.swa_utils.AveragedModel`, timm's
+/// `ModelEmaV3`), each floating-point one in `dtype` (a quantized weight as stored).
+fn ema_bytes(tape: &Tape, dtype: Option<DType>) -> u64 {
+    let Some(dtype) = dtype else { return 0 };
+    let params = tape.params.iter().fold(0u64, |sum, p| {
+        let stored = tape.values[p.value].dtype;
+        let bytes = if stored == dtype
+            || !stored.is_float()
+            || p.bytes != stored.bytes_for(p.numel).unwrap_or(0)
+        {
+            p.bytes
+        } else {
+            dtype.bytes_for(p.numel).unwrap_or(u64::MAX)
+        };
+        sum.saturating_add(bytes)
+    });
+    // Floating-point buffers follow the copy's dtype too (`ema.to(torch.float32)` casts them).
+    tape.storages
+        .iter()
+        .filter(|s| s.kind == crate::trace::StorageKind::Buffer)
+        .fold(params, |sum, s| {
+            let bytes = if s.dtype.is_float() {
+                s.shape
+                    .numel()
+                    .and_then(|n| dtype.bytes_for(n))
+                    .unwrap_or(u64::MAX)
+            } else {
+                s.bytes
+            };
+            sum.saturating_add(bytes)
+        })
+}
+
+/// The temporaries of one EMA update: diffusers' `EMAModel.step` (`foreach=False`, its default)
+/// runs `s_param.sub_(one_minus_decay * (s_param - param))` one parameter at a time, two
+/// temporaries of the largest parameter in the EMA's dtype at once. (timm's `ModelEmaV3` runs
+/// `torch._foreach_lerp_` in place, without temporaries, when the dtypes agree.)
+fn ema_update_bytes(tape: &Tape, dtype: Option<DType>) -> u64 {
+    let Some(dtype) = dtype else { return 0 };
+    tape.params
+        .iter()
+        .filter(|p| tape.values[p.value].dtype.is_float())
+        .map(|p| {
+            dtype
+                .bytes_for(p.numel)
+                .unwrap_or(u64::MAX)
+                .saturating_mul(2)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// What stays live at the quiet moments of a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Between two steps: parameters, buffers, master weights, the optimizer state the
+    /// allocator counts and the EMA copy; no gradients (`zero_grad(set_to_none=True)`, the
+    /// default since PyTorch 2.0) and no batch.
+    pub between_steps: u64,
+    /// At the end of the (first micro-batch's) forward pass, the loss computed: what is held
+    /// between steps, the batch, the tensors saved for backward and the output and loss.
+    pub after_forward: u64,
+    /// With gradient accumulation: the peak of one of micro-batches 2..N, whose forward and
+    /// backward run with the gradients already live.
+    pub accumulating_peak: Option<u64>,
 }
 
 #[cfg(test)]

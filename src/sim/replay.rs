@@ -37,6 +37,10 @@ pub(super) struct Replay<'a> {
     /// Largest total of live activations in forward: kept plus transient, the KV cache left
     /// out (it is its own category).
     pub live_act_max: u64,
+    /// The largest total since [`Replay::open_window`] (an accumulating micro-batch's peak).
+    pub window_peak: u64,
+    /// The category each activation storage starts in (recomputation re-files some).
+    act_cat_start: TiVec<StorageId, Category>,
     /// A running total overflowed 64 bits.
     overflow: bool,
     /// A running total would have gone below zero.
@@ -83,7 +87,7 @@ pub(super) struct Backward {
 impl<'a> Replay<'a> {
     /// A replay of `tape` with nothing live yet.
     pub(super) fn new(tape: &'a Tape, facts: &'a Liveness) -> Replay<'a> {
-        let act_cat = facts
+        let act_cat: TiVec<StorageId, Category> = facts
             .saved_fwd
             .keys()
             .map(|s| {
@@ -98,7 +102,9 @@ impl<'a> Replay<'a> {
             tape,
             facts,
             live: ti_vec![false; tape.storages.len()],
+            act_cat_start: act_cat.clone(),
             act_cat,
+            window_peak: 0,
             cur: [0; Category::COUNT],
             peak: 0,
             peak_phase: Phase::Forward,
@@ -323,6 +329,7 @@ impl<'a> Replay<'a> {
         for (m, c) in self.max.iter_mut().zip(self.cur) {
             *m = (*m).max(c);
         }
+        self.window_peak = self.window_peak.max(total);
         if phase == Phase::Forward {
             let acts = self.cur[Category::Activations.index()]
                 .saturating_add(self.cur[Category::Temporaries.index()]);
@@ -346,6 +353,34 @@ impl<'a> Replay<'a> {
             self.peak_event = self.events;
         }
         self.events += 1;
+    }
+
+    /// The live total now (saturating).
+    pub(super) fn total(&self) -> u64 {
+        self.cur.iter().fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// Live bytes of one category now.
+    pub(super) fn now(&self, c: Category) -> u64 {
+        self.cur[c.index()]
+    }
+
+    /// Starts a new window for [`Replay::window_peak`].
+    pub(super) fn open_window(&mut self) {
+        self.window_peak = 0;
+    }
+
+    /// Between two micro-batches of gradient accumulation: the training loop drops the
+    /// micro-batch's output and loss (HF Trainer's `training_step` returns `loss.detach()`), so
+    /// every activation still live is freed; the parameters' `.grad` stay.
+    pub(super) fn end_micro_batch(&mut self) {
+        let tape = self.tape;
+        for (s, storage) in tape.storages.iter_enumerated() {
+            if storage.kind == StorageKind::Activation && self.live[s] {
+                self.free(s);
+            }
+        }
+        self.act_cat.clone_from(&self.act_cat_start);
     }
 
     /// Before the step: parameters, buffers, the input batch and its labels, the optimizer
@@ -413,12 +448,27 @@ impl<'a> Replay<'a> {
     /// last step's backward; each step allocates its inputs' gradients (a parameter's persists
     /// in `.grad` in `param_grad` dtype when given, an activation's dies when consumed), then
     /// frees what only it had saved.
-    pub(super) fn backward(&mut self, param_grad: Option<(DType, DType)>) -> Backward {
+    ///
+    /// `accumulate`: the `.grad` a previous micro-batch left (gradient accumulation): a parameter
+    /// that has one gets the new gradient added into it in place (autograd's `AccumulateGrad`:
+    /// `variable_grad += new_grad` outside grad mode), so the new one is transient.
+    /// `in_backward`: the optimizer runs inside backward (torchtune's `optimizer_in_bwd`): each
+    /// parameter gradient is applied as soon as it is accumulated, with that parameter's step
+    /// temporaries (the function's bytes for it), and freed (`zero_grad(set_to_none=True)` in
+    /// the post-accumulate-grad hook), so gradients never pile up.
+    pub(super) fn backward(
+        &mut self,
+        param_grad: Option<(DType, DType)>,
+        accumulate: Option<&TiVec<ValueId, bool>>,
+        in_backward: Option<&dyn Fn(ValueId) -> u64>,
+    ) -> Backward {
         let tape = self.tape;
         let facts = self.facts;
         let mut grads: HashMap<ValueId, u64> = HashMap::new();
-        let mut has_grad: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
+        let mut has_grad: TiVec<ValueId, bool> =
+            accumulate.map_or_else(|| ti_vec![false; tape.values.len()], Clone::clone);
         let mut gradient_bytes = 0u64;
+        let mut applied = 0u64;
         let seg_by_end: HashMap<usize, SegmentId> = tape
             .segments
             .iter_enumerated()
@@ -472,7 +522,24 @@ impl<'a> Replay<'a> {
                     self.overflow = true;
                     continue;
                 };
-                if val.param {
+                if val.param
+                    && let Some(temps) = in_backward
+                {
+                    // Applied and freed at once: the gradient and its step's temporaries are
+                    // live at this step only.
+                    if !has_grad[v] {
+                        has_grad[v] = true;
+                        gradient_bytes = gradient_bytes.saturating_add(bytes);
+                    }
+                    self.add(Category::Gradients, bytes);
+                    applied = applied.saturating_add(bytes);
+                    self.heap_alloc(Key::Transient, bytes);
+                    let t = temps(v);
+                    transient = transient.saturating_add(t);
+                    if t > 0 {
+                        self.heap_alloc(Key::Transient, t);
+                    }
+                } else if val.param {
                     if has_grad[v] {
                         transient = transient.saturating_add(bytes);
                         self.heap_alloc(Key::Transient, bytes);
@@ -520,6 +587,8 @@ impl<'a> Replay<'a> {
             self.check(Phase::Backward, Some(step.layer));
             self.sub(temp, transient);
             self.heap_free(Key::Transient);
+            self.sub(Category::Gradients, applied);
+            applied = 0;
             if !step.view_grad {
                 for o in &step.outputs {
                     if let Some(b) = grads.remove(o) {
@@ -603,6 +672,14 @@ impl<'a> Replay<'a> {
                 }
             }
         }
+    }
+
+    /// An EMA update after the optimizer step: its temporaries (`bytes`) on top of what the
+    /// step leaves.
+    pub(super) fn ema_update(&mut self, bytes: u64) {
+        self.add(Category::Temporaries, bytes);
+        self.check(Phase::OptimizerStep, None);
+        self.sub(Category::Temporaries, bytes);
     }
 
     /// The optimizer step. Under a `mixed-*` recipe with 16-bit gradients the optimizer first

@@ -185,7 +185,7 @@ fn train(tape: &Tape, plan: &OptimizerPlan<ValueId>) -> Outcome {
     let mut r = Replay::new(tape, &facts);
     r.start(plan.state_bytes, plan.master_bytes);
     r.forward(true);
-    let bwd = r.backward(None);
+    let bwd = r.backward(None, None, None);
     let optimizer_temp = r.optimizer_step(plan, &bwd);
     assert!(r.error().is_none());
     Outcome {

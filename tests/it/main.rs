@@ -28,6 +28,7 @@ mod llm;
 mod optim;
 mod outputs;
 mod properties;
+mod recipes;
 mod reference;
 mod schema;
 mod snapshots;
