@@ -789,4 +789,43 @@ mod tests {
         let e = replay([alloc(1, 5), alloc(1, 5)], DEFAULT).unwrap_err();
         assert!(matches!(e, Error::Internal(_)));
     }
+
+    /// Random streams of 1,500 events (every size class, frees of random live blocks, a reset
+    /// halfway) give, to the byte, the figures of `measure_fake_cuda.py`'s own allocator model
+    /// (`fakecuda.CachingAllocatorSim`), made by `tools/allocator_streams.py`.
+    #[test]
+    fn random_streams_match_the_reference_replay() {
+        let text = include_str!("../tests/data/allocator-streams.json");
+        let streams: serde_json::Value = serde_json::from_str(text).unwrap();
+        let streams = streams.as_array().unwrap();
+        assert_eq!(streams.len(), 4);
+        for s in streams {
+            let events: Vec<Event> = s["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let id = e[1].as_u64().unwrap();
+                    match e[0].as_str().unwrap() {
+                        "a" => alloc(id, e[2].as_u64().unwrap()),
+                        "f" => free(id),
+                        _ => Event::ResetPeaks,
+                    }
+                })
+                .collect();
+            let p = run(&events, DEFAULT);
+            let want = |k: &str| s[k].as_u64().unwrap();
+            assert_eq!(
+                (p.max_allocated, p.max_reserved, p.allocated, p.reserved),
+                (
+                    want("max_allocated"),
+                    want("max_reserved"),
+                    want("allocated"),
+                    want("reserved")
+                ),
+                "seed {}",
+                s["seed"]
+            );
+        }
+    }
 }
