@@ -641,7 +641,9 @@ impl<'a> Replay<'a> {
 
     /// Recomputes checkpointed segment `g`: what its own operators save stays for their
     /// backward; everything else (the recomputed block output included) is dropped after its
-    /// last use inside the block.
+    /// last use inside the block. The recomputation stops after the last operator that saves
+    /// something, as non-reentrant `torch.utils.checkpoint` does by default (early stop:
+    /// `_StopRecomputationError` once every saved tensor is recomputed).
     fn recompute(&mut self, g: SegmentId, grads: &HashMap<ValueId, u64>) {
         let (tape, facts) = (self.tape, self.facts);
         let seg = &tape.segments[g];
@@ -650,7 +652,12 @@ impl<'a> Replay<'a> {
             .flat_map(|s| s.saves.iter().copied())
             .collect();
         let mut replayed = Vec::new();
-        for j in seg.start..seg.end {
+        // Early stop: the recomputation ends with the last operator that saves something.
+        let stop = (seg.start..seg.end)
+            .rev()
+            .find(|&j| !tape.steps[j].saves.is_empty())
+            .map_or(seg.start, |j| j + 1);
+        for j in seg.start..stop {
             let step = &tape.steps[j];
             for &s in &step.allocs {
                 if !self.live[s] {
@@ -667,7 +674,7 @@ impl<'a> Replay<'a> {
             self.check(Phase::Backward, Some(step.layer));
             for &s in &replayed {
                 let last = facts.last_use[s].min(seg.end - 1);
-                if self.live[s] && !kept.contains(&s) && last <= j {
+                if self.live[s] && !kept.contains(&s) && (last <= j || j + 1 == stop) {
                     self.free(s);
                 }
             }

@@ -264,6 +264,52 @@ fn gradient_accumulates_into_an_input_used_twice() {
     assert_eq!(o.max[Category::Temporaries.index()], 1_200);
 }
 
+/// Non-reentrant checkpointing stops recomputing at the block's last operator that saves
+/// something (`torch.utils.checkpoint`'s early stop, `_StopRecomputationError`): a block
+/// `b = gelu(a)` [150] (keeps `a`), `c = b + b` [1,000] (keeps nothing) recomputes `b` alone.
+/// Forward peaks at L3 with `b` and `c` live: x 400 + w 400 + a 400 + b 600 + c 4,000 =
+/// **5,800**; recomputing `c` too would have made backward's 5,804 (with the loss) the peak.
+#[test]
+fn recomputation_stops_at_the_last_saving_operator() {
+    let mut t = Builder::new();
+    let x = t.f32(Input, 100, false);
+    let w = t.f32(Parameter, 100, true);
+    let (a, b, c) = (
+        t.f32(Act, 100, true),
+        t.f32(Act, 150, true),
+        t.f32(Act, 1_000, true),
+    );
+    t.mul(x, w, a);
+    let seg = t.tape.segments.push_and_get_key(Segment {
+        start: 1,
+        end: 3,
+        input: t.sid(a),
+    });
+    for s in [
+        S {
+            op: AtenOp::Gelu,
+            inputs: &[a],
+            outputs: &[b],
+            saves: &[a],
+            grads: &[a],
+        },
+        S {
+            op: AtenOp::Add,
+            inputs: &[b, b],
+            outputs: &[c],
+            saves: &[],
+            grads: &[b],
+        },
+    ] {
+        t.step(&s, false, Some(seg));
+    }
+    t.loss(c);
+    let o = train(&t.tape, &OptimizerPlan::default());
+    assert_eq!(o.peak, 5_800);
+    assert_eq!(o.phase, Phase::Forward);
+    assert_eq!(o.layer.as_deref(), Some("L3"));
+}
+
 /// A checkpointed block `b = f(a)` [150] (keeps `a`), `c = g(b)` [50] (keeps `b`), then the
 /// frame's `return`. Forward keeps only the block input `a`: peak 2,000 (a, b, c live in L3).
 /// Backward recomputes the block (b kept, c dropped after it), then L3 allocates `grad b` 600
