@@ -68,6 +68,17 @@ pub struct AttentionCfg {
     /// transformers' Llama-family and T5 attention do): in a 16-bit model it keeps a float32
     /// copy of the probabilities and a 16-bit one.
     pub softmax_f32: bool,
+    /// The causal mask is a materialized boolean `[B, 1, S, S_kv]` tensor (Falcon's
+    /// `create_causal_mask(.., allow_is_causal_skip=False)`), which
+    /// `scaled_dot_product_attention` converts on every call into a float mask of the query's
+    /// dtype (`convert_boolean_attn_mask` in ATen's `transformers/attention.cpp`) that its
+    /// backward keeps. Only the fused kernel (`flash`) is affected.
+    pub bool_mask: bool,
+    /// K and V are broadcast to every query head right after the projection, before rotary,
+    /// cache and attention (Falcon's new decoder architecture: `torch.broadcast_to(key,
+    /// query.shape)` then `flatten(2, 3)`): the parameters count `kv_heads`, the activations
+    /// `heads`.
+    pub expand_kv: bool,
 }
 
 impl AttentionCfg {
@@ -90,6 +101,8 @@ impl AttentionCfg {
         let position_bias = r.or(key!(s.position_bias), false);
         let sliding_window = r.pos_opt(key!(s.sliding_window));
         let softmax_f32 = r.or(key!(s.softmax_f32), false);
+        let bool_mask = r.or(key!(s.bool_mask), false);
+        let expand_kv = r.or(key!(s.expand_kv), false);
         r.finish()?;
         let style = match style {
             None | Some(Style::Transformers) => AttnStyle::Transformers,
@@ -131,6 +144,8 @@ impl AttentionCfg {
             position_bias,
             sliding_window,
             softmax_f32,
+            bool_mask,
+            expand_kv,
         })
     }
 
@@ -160,6 +175,8 @@ impl AttentionCfg {
             position_bias: false,
             sliding_window: None,
             softmax_f32: false,
+            bool_mask: false,
+            expand_kv: false,
         })
     }
 }

@@ -36,6 +36,10 @@ pub struct PositionEmbeddingCfg {
     pub num_positions: u64,
     /// Length of a registered int64 id buffer (0 for none).
     pub ids_buffer: u64,
+    /// The ids are computed from the input ids, an int64 `[B, S]` tensor per batch that the
+    /// lookup keeps (RoBERTa's `create_position_ids_from_input_ids`: `cumsum` of the non-padding
+    /// mask, plus `padding_idx`), instead of a slice of the buffer.
+    pub ids_per_batch: bool,
 }
 
 impl PositionEmbeddingCfg {
@@ -44,6 +48,7 @@ impl PositionEmbeddingCfg {
         let cfg = PositionEmbeddingCfg {
             num_positions: r.pos(key!(s.num_positions)),
             ids_buffer: r.or(key!(s.ids_buffer), 0),
+            ids_per_batch: r.or(key!(s.ids_per_batch), false),
         };
         r.finish()?;
         Ok(cfg)
@@ -59,6 +64,10 @@ pub struct TokenTypeEmbeddingCfg {
     pub num_types: u64,
     /// Length of the registered int64 id buffer (0 for none).
     pub ids_buffer: u64,
+    /// The buffer is gathered at per-batch position ids, an int64 `[B, S]` tensor that the
+    /// lookup keeps (RoBERTa: `torch.gather(buffer.expand(B, -1), 1, position_ids)`), instead
+    /// of BERT's `[1, S]`.
+    pub ids_per_batch: bool,
 }
 
 impl TokenTypeEmbeddingCfg {
@@ -67,6 +76,7 @@ impl TokenTypeEmbeddingCfg {
         let cfg = TokenTypeEmbeddingCfg {
             num_types: r.pos(key!(s.num_embeddings)),
             ids_buffer: r.or(key!(s.ids_buffer), 0),
+            ids_per_batch: r.or(key!(s.ids_per_batch), false),
         };
         r.finish()?;
         Ok(cfg)

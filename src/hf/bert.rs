@@ -1,4 +1,7 @@
-//! BERT (`BertForMaskedLM`, `BertForSequenceClassification`, `BertModel`).
+//! BERT (`BertForMaskedLM`, `BertForSequenceClassification`, `BertModel`) and RoBERTa
+//! (`RobertaForMaskedLM`, `XLMRobertaForMaskedLM`, their `…ForSequenceClassification` and bare
+//! `…Model`; `models/roberta/modeling_roberta.py`, which `xlm_roberta` copies), which differs in
+//! its embeddings' ids and its heads.
 
 use super::Resolved;
 use super::config::{BertConfig, Cfg, layer_count, prob, required};
@@ -12,6 +15,19 @@ use crate::spec::{LayerKind as K, LayerSpec};
 /// Builds BERT as transformers' `modeling_bert.py` does; returns the layers and
 /// `max_position_embeddings`.
 pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    encoder(cfg, head, false)
+}
+
+/// Builds RoBERTa or XLM-RoBERTa as `modeling_roberta.py` does; returns the layers and the
+/// longest sequence (`max_position_embeddings − pad_token_id − 1`: positions start after the
+/// padding id).
+pub(super) fn roberta(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    encoder(cfg, head, true)
+}
+
+/// BERT, or RoBERTa when `roberta`.
+#[allow(clippy::too_many_lines)] // the embeddings, the layer and the three heads, in order
+fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, u64), Error> {
     let c: BertConfig = cfg.read()?;
     let vocab = required!(cfg, c.vocab_size)?;
     let hidden = required!(cfg, c.hidden_size)?;
@@ -36,7 +52,22 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         ));
     }
 
-    let p = module_path(head, "bert");
+    // RobertaEmbeddings: positions count from `padding_idx + 1`.
+    let pad = if roberta {
+        c.pad_token_id.unwrap_or(1)
+    } else {
+        0
+    };
+    let max_seq = if roberta {
+        positions.checked_sub(pad + 1).filter(|&n| n > 0).ok_or_else(|| {
+            cfg.err(format!(
+                "`max_position_embeddings` ({positions}) leaves no position after `pad_token_id` ({pad})"
+            ))
+        })?
+    } else {
+        positions
+    };
+    let p = module_path(head, if roberta { "roberta" } else { "bert" });
     let mut out = Vec::new();
     let word = push(
         &mut out,
@@ -47,6 +78,7 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         LayerSpec {
             num_embeddings: Some(types),
             ids_buffer: Some(positions),
+            ids_per_batch: roberta.then_some(true),
             ..layer(
                 K::TokenTypeEmbedding,
                 &p("embeddings.token_type_embeddings"),
@@ -58,6 +90,7 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         LayerSpec {
             num_positions: Some(positions),
             ids_buffer: Some(positions),
+            ids_per_batch: roberta.then_some(true),
             ..layer(K::PositionEmbedding, &p("embeddings.position_embeddings"))
         },
     );
@@ -112,6 +145,31 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         Resolved::Bare => {
             pooler(&mut out);
         }
+        Resolved::Classification if roberta => {
+            // RobertaClassificationHead on the first token; RobertaModel without its pooler.
+            let classifier_p = cfg.prob(
+                "classifier_dropout",
+                c.classifier_dropout.or(c.hidden_dropout_prob),
+                0.1,
+            )?;
+            let prev = push(
+                &mut out,
+                LayerSpec {
+                    dim: Some(1),
+                    index: Some(0),
+                    ..layer(K::Select, "classifier.first_token")
+                },
+            );
+            push_dropout(&mut out, "classifier.dropout", classifier_p, prev);
+            push(&mut out, linear("classifier.dense", hidden, true));
+            let prev = push(&mut out, layer(K::Tanh, "classifier.tanh"));
+            push_dropout(&mut out, "classifier.dropout_2", classifier_p, prev);
+            push(
+                &mut out,
+                linear("classifier.out_proj", cfg.num_labels()?, true),
+            );
+            push(&mut out, cross_entropy(false, false));
+        }
         Resolved::Classification => {
             let prev = pooler(&mut out);
             let classifier_p = cfg.prob(
@@ -121,6 +179,21 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
             )?;
             push_dropout(&mut out, "dropout", classifier_p, prev);
             push(&mut out, linear("classifier", cfg.num_labels()?, true));
+            push(&mut out, cross_entropy(false, false));
+        }
+        Resolved::Lm if roberta => {
+            // RobertaLMHead: dense, `gelu` (exact, whatever `hidden_act` says), layer_norm,
+            // decoder tied to the word embeddings with its own bias.
+            push(&mut out, linear("lm_head.dense", hidden, true));
+            push(&mut out, layer(K::Gelu, "lm_head.gelu"));
+            push(&mut out, layernorm("lm_head.layer_norm"));
+            let mut decoder = linear("lm_head.decoder", vocab, true);
+            if tie {
+                decoder.tie = Some(word);
+                decoder.note =
+                    Some("weight tied to the word embeddings; its own [vocab] bias".into());
+            }
+            push(&mut out, decoder);
             push(&mut out, cross_entropy(false, false));
         }
         Resolved::Lm => {
@@ -148,5 +221,5 @@ pub(super) fn bert(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
             push(&mut out, cross_entropy(false, false));
         }
     }
-    Ok((out, positions))
+    Ok((out, max_seq))
 }

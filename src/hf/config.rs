@@ -111,6 +111,8 @@ pub(super) struct BertConfig {
     pub position_embedding_type: Option<String>,
     pub is_decoder: Option<bool>,
     pub add_cross_attention: Option<bool>,
+    /// RoBERTa's padding id: its positions start after it.
+    pub pad_token_id: Option<u64>,
 }
 
 /// `T5Config` (its `attribute_map` names: `hidden_size` for `d_model`, …).
@@ -131,6 +133,54 @@ pub(super) struct T5Config {
     pub feed_forward_proj: Option<String>,
     pub n_positions: Option<u64>,
     pub classifier_dropout: Option<f64>,
+}
+
+/// The LayerNorm decoders built by [`super::ln_decoder`]: `GPTNeoXConfig`, `PhiConfig`,
+/// `FalconConfig` and `BloomConfig` (its `attribute_map`: `n_layer`, `n_head`), the union of the
+/// keys their builders read.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct LnDecoderConfig {
+    pub vocab_size: Option<u64>,
+    pub hidden_size: Option<u64>,
+    #[serde(alias = "n_layer")]
+    pub num_hidden_layers: Option<u64>,
+    #[serde(alias = "n_head")]
+    pub num_attention_heads: Option<u64>,
+    pub num_key_value_heads: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub max_position_embeddings: Option<u64>,
+    pub hidden_act: Option<String>,
+    pub attention_dropout: Option<f64>,
+    pub hidden_dropout: Option<f64>,
+    /// GPT-NeoX's switch between the parallel and the sequential residual.
+    pub use_parallel_residual: Option<bool>,
+    /// GPT-NeoX's biases on its attention projections.
+    pub attention_bias: Option<bool>,
+    /// GPT-NeoX's transformers 4 name of `partial_rotary_factor`.
+    pub rotary_pct: Option<f64>,
+    pub partial_rotary_factor: Option<f64>,
+    pub rope_parameters: Option<RopeParameters>,
+    /// Phi's dropouts.
+    pub resid_pdrop: Option<f64>,
+    pub embd_pdrop: Option<f64>,
+    /// Phi's LayerNorm on the queries and keys.
+    pub qk_layernorm: Option<bool>,
+    /// Falcon's keys.
+    pub num_kv_heads: Option<u64>,
+    pub multi_query: Option<bool>,
+    pub new_decoder_architecture: Option<bool>,
+    pub parallel_attn: Option<bool>,
+    pub num_ln_in_parallel_attn: Option<u64>,
+    pub alibi: Option<bool>,
+    pub bias: Option<bool>,
+    pub ffn_hidden_size: Option<u64>,
+    pub activation: Option<String>,
+    /// Falcon's and BLOOM's residual from the LayerNorm's output instead of its input.
+    pub apply_residual_connection_post_layernorm: Option<bool>,
+    /// BLOOM's tensor-parallel slicing of its linears (`pretraining_tp > 1` with
+    /// `slow_but_exact`).
+    pub pretraining_tp: Option<u64>,
+    pub slow_but_exact: Option<bool>,
 }
 
 /// Reads `text` (a whole `config.json`) as `T`, naming the field path and position on error

@@ -29,6 +29,7 @@ mod config;
 mod decoder;
 mod gpt2;
 mod layers;
+mod ln_decoder;
 mod t5;
 
 use config::{Cfg, Header};
@@ -173,6 +174,12 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("gpt2", "gpt2", Family::Gpt2),
     ("bert", "bert", Family::Bert),
     ("t5", "t5", Family::T5),
+    ("gpt_neox", "gptneox", Family::GptNeox),
+    ("phi", "phi", Family::Phi),
+    ("falcon", "falcon", Family::Falcon),
+    ("bloom", "bloom", Family::Bloom),
+    ("roberta", "roberta", Family::Roberta),
+    ("xlm-roberta", "xlmroberta", Family::Roberta),
 ];
 
 /// The `model_type`s memest can import, sorted.
@@ -204,14 +211,41 @@ pub enum Head {
 }
 
 /// Whether a parsed JSON document is a Hugging Face configuration: an object with a `model_type`
-/// or `architectures` key and neither of memest's own `layers` and `input`.
+/// or `architectures` key (or another library's config, see [`other_library`]) and neither of
+/// memest's own `layers` and `input`.
 #[must_use]
 pub fn is_hf_config(value: &Value) -> bool {
     value.as_object().is_some_and(|o| {
-        (o.contains_key("model_type") || o.contains_key("architectures"))
+        (o.contains_key("model_type")
+            || o.contains_key("architectures")
+            || other_library(value).is_some())
             && !o.contains_key("layers")
             && !o.contains_key("input")
     })
+}
+
+/// What a config of another library is, worded for an error: a diffusers config (its
+/// `ConfigMixin` writes `_class_name` and `_diffusers_version`: "a diffusers
+/// UNet2DConditionModel config") or a timm `config.json` (`architecture` with `pretrained_cfg`,
+/// `num_classes` or `num_features`: "a timm resnet50.a1_in1k config"); `None` for anything else.
+#[must_use]
+pub fn other_library(value: &Value) -> Option<String> {
+    let o = value.as_object()?;
+    if o.contains_key("model_type") {
+        return None;
+    }
+    let text = |key: &str| o.get(key).and_then(Value::as_str);
+    if o.contains_key("_diffusers_version") || o.contains_key("_class_name") {
+        return Some(format!(
+            "a diffusers {} config",
+            text("_class_name").unwrap_or("model")
+        ));
+    }
+    let arch = text("architecture")?;
+    ["pretrained_cfg", "num_classes", "num_features"]
+        .iter()
+        .any(|k| o.contains_key(*k))
+        .then(|| format!("a timm {arch} config"))
 }
 
 /// The JSON text with the non-finite numbers Python's `json` writes (`NaN`, `Infinity`,
@@ -289,17 +323,36 @@ fn field_error(field: &str, message: String) -> Error {
 /// architecture whose head memest does not know, a missing required field (named), an
 /// out-of-range value, or an unsupported activation.
 pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
+    if let Some(what) = serde_json::from_str::<Value>(text)
+        .ok()
+        .as_ref()
+        .and_then(other_library)
+    {
+        return Err(Error::Hf(HfError {
+            model_type: None,
+            field: None,
+            position: None,
+            message: format!(
+                "{what}: not supported yet (memest reads transformers configs, model types {}; describe the model in a memest file instead)",
+                supported().join(", ")
+            ),
+        }));
+    }
     let header: Header = config::read(text, None)?;
     let model_type = match &header.model_type {
         Some(t) => t.clone(),
         None => infer_model_type(header.architectures.as_deref())?,
     };
     let family = Family::from_model_type(&model_type).ok_or_else(|| {
+        let all = supported();
+        let near = crate::error::nearest(&model_type, &all)
+            .map(|n| format!(" (the nearest supported one is `{n}`)"))
+            .unwrap_or_default();
         field_error(
             "model_type",
             format!(
-                "model_type `{model_type}` is not supported; supported: {}",
-                supported().join(", ")
+                "model_type `{model_type}` is not supported{near}; supported: {}",
+                all.join(", ")
             ),
         )
     })?;
@@ -318,6 +371,11 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         Family::Gpt2 => gpt2::gpt2(&cfg, head)?,
         Family::Bert => bert::bert(&cfg, head)?,
         Family::T5 => t5::t5(&cfg, head)?,
+        Family::Roberta => bert::roberta(&cfg, head)?,
+        Family::GptNeox => ln_decoder::gpt_neox(&cfg, head)?,
+        Family::Phi => ln_decoder::phi(&cfg, head)?,
+        Family::Falcon => ln_decoder::falcon(&cfg, head)?,
+        Family::Bloom => ln_decoder::bloom(&cfg, head)?,
         Family::Decoder(row) => decoder::decoder(&cfg, row, head)?,
     };
     let mut dtype = None;
@@ -339,7 +397,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
     let head_name = match head {
         Resolved::Bare => "bare model, no loss",
         Resolved::Lm => match family {
-            Family::Bert => "masked-LM head and loss",
+            Family::Bert | Family::Roberta => "masked-LM head and loss",
             Family::T5 => "LM head and loss",
             _ => "causal-LM head and loss",
         },
@@ -349,8 +407,9 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         "{} (model_type {model_type}) from a Hugging Face config, as transformers 5 builds it: {head_name}",
         arch.as_deref().unwrap_or("no architectures")
     );
-    // Relative position buckets (T5) have no trained limit; RoPE and learned tables do.
-    let max_positions = (!matches!(family, Family::T5)).then_some(seq);
+    // Relative position buckets (T5) and ALiBi (BLOOM) have no trained limit; RoPE and learned
+    // tables do.
+    let max_positions = (!matches!(family, Family::T5 | Family::Bloom)).then_some(seq);
     Ok(ModelSpec {
         name: None,
         description: Some(description),
@@ -362,8 +421,13 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         defaults: DefaultsSpec {
             seq: Some(seq.clamp(1, DEFAULT_MAX_SEQ)),
             dtype,
-            // transformers 5 runs attention through `scaled_dot_product_attention` by default.
-            attention: Some(AttentionImpl::Flash),
+            // transformers 5 runs attention through `scaled_dot_product_attention` by default;
+            // BLOOM's attention has only its eager form (`baddbmm` with the ALiBi bias).
+            attention: Some(if matches!(family, Family::Bloom) {
+                AttentionImpl::Eager
+            } else {
+                AttentionImpl::Flash
+            }),
             ..Default::default()
         },
         layers,
@@ -404,6 +468,13 @@ enum Family {
     Gpt2,
     Bert,
     T5,
+    /// RoBERTa and XLM-RoBERTa (`bert.rs`).
+    Roberta,
+    /// The LayerNorm decoders of `ln_decoder.rs`.
+    GptNeox,
+    Phi,
+    Falcon,
+    Bloom,
 }
 
 impl Family {
@@ -438,17 +509,19 @@ fn resolve_head(
     }
     let Some(arch) = arch else {
         // No `architectures`: the family's usual head.
-        return Ok(if matches!(family, Family::Bert) {
+        return Ok(if matches!(family, Family::Bert | Family::Roberta) {
             Resolved::Bare
         } else {
             Resolved::Lm
         });
     };
     let lm_suffixes: &[&str] = match family {
-        Family::Bert => &["ForMaskedLM"],
+        Family::Bert | Family::Roberta => &["ForMaskedLM"],
         Family::T5 => &["ForConditionalGeneration"],
         Family::Gpt2 => &["LMHeadModel", "ForCausalLM"],
-        Family::Decoder(_) => &["ForCausalLM"],
+        Family::Decoder(_) | Family::GptNeox | Family::Phi | Family::Falcon | Family::Bloom => {
+            &["ForCausalLM"]
+        }
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)
@@ -559,12 +632,34 @@ mod tests {
     #[test]
     fn unsupported_model_type_lists_the_supported_ones() {
         let Err(Error::Hf(HfError { message: m, .. })) =
-            spec_of(&json!({"model_type": "falcon"}), Head::Auto)
+            spec_of(&json!({"model_type": "gpt-neox"}), Head::Auto)
         else {
             panic!("expected an import error")
         };
         assert!(
-            m.contains("falcon") && m.contains("llama") && m.contains("qwen2_moe"),
+            m.contains("`gpt-neox` is not supported (the nearest supported one is `gpt_neox`)")
+                && m.contains("llama")
+                && m.contains("qwen2_moe"),
+            "{m}"
+        );
+        let Err(Error::Hf(HfError { message: m, .. })) = spec_of(
+            &json!({"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.6.0", "in_channels": 4}),
+            Head::Auto,
+        ) else {
+            panic!("expected an import error")
+        };
+        assert!(
+            m.starts_with("a diffusers UNet2DConditionModel config: not supported yet"),
+            "{m}"
+        );
+        let timm =
+            json!({"architecture": "resnet50.a1_in1k", "num_classes": 1000, "pretrained_cfg": {}});
+        assert!(is_hf_config(&timm));
+        let Err(Error::Hf(HfError { message: m, .. })) = spec_of(&timm, Head::Auto) else {
+            panic!("expected an import error")
+        };
+        assert!(
+            m.starts_with("a timm resnet50.a1_in1k config: not supported yet"),
             "{m}"
         );
     }
@@ -607,11 +702,11 @@ mod tests {
         c.as_object_mut().unwrap().remove("model_type");
         assert!(spec_of(&c, Head::Auto).is_ok());
         let Err(Error::Hf(HfError { message: m, .. })) =
-            spec_of(&json!({"architectures": ["FalconForCausalLM"]}), Head::Auto)
+            spec_of(&json!({"architectures": ["MambaForCausalLM"]}), Head::Auto)
         else {
             panic!("expected an import error")
         };
-        assert!(m.contains("FalconForCausalLM"), "{m}");
+        assert!(m.contains("MambaForCausalLM"), "{m}");
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct LayerSpec {
     pub num_positions: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ids_buffer: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ids_per_batch: Option<bool>,
     // conv / pooling
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_channels: Option<u64>,
@@ -148,6 +150,10 @@ pub struct LayerSpec {
     pub qk_norm_scope: Option<QkNormScope>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub softmax_f32: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bool_mask: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expand_kv: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub position_bias: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]

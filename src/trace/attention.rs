@@ -159,6 +159,22 @@ impl Tracer<'_> {
             }
             (heads[0], heads[1], heads[2])
         };
+        // Falcon's new decoder architecture broadcasts K and V to every query head and copies
+        // them (`flatten`): from here on they have `heads` heads.
+        let expanded;
+        let (k, v, c) = if c.expand_kv && c.kv_heads < c.heads && !cross {
+            expanded = AttentionCfg {
+                kv_heads: c.heads,
+                ..*c
+            };
+            (
+                self.repeat_kv(k, c.heads)?,
+                self.repeat_kv(v, c.heads)?,
+                &expanded,
+            )
+        } else {
+            (k, v, c)
+        };
         let (q, k) = if c.rotary {
             let rope = self.rope.ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
@@ -194,9 +210,10 @@ impl Tracer<'_> {
                     )
                 };
                 let cache = self.storage(&cache_shape, dt, kind, what)?;
-                if kind == StorageKind::KvCache {
-                    self.tape.held.push(cache);
-                }
+                // The cache is returned in the model's output (`past_key_values`), which the
+                // training loop holds until the step ends (`out = model(..)`, `out.loss.backward()`,
+                // `optimizer.step()`): in training too it outlives backward.
+                self.tape.held.push(cache);
                 let cv = if cache_shape == tv.shape && dt == tv.dtype {
                     // Attention reads the cache itself.
                     let cv = self.value(
@@ -222,15 +239,17 @@ impl Tracer<'_> {
         } else {
             (k, v)
         };
-        let bias = if c.position_bias {
-            Some(self.position_bias.ok_or_else(|| self.err("`position_bias = true` needs a `relative_position_bias` layer earlier in the model".into()))?)
-        } else {
-            None
-        };
         // `flash` models the fused kernel, which regenerates its dropout mask instead of keeping
         // it. (PyTorch's CPU SDPA falls back to the math path, costing what eager does, when
         // dropout is on: give such layers `--attention eager`.)
         let fused = torch_mha || self.s.attention == AttentionImpl::Flash;
+        let bias = if c.position_bias {
+            Some(self.position_bias.ok_or_else(|| self.err("`position_bias = true` needs a `relative_position_bias` layer earlier in the model".into()))?)
+        } else if c.bool_mask && c.causal && fused {
+            Some(self.converted_bool_mask(q, k)?)
+        } else {
+            None
+        };
         let ctx = if fused {
             self.sdpa_flash(q, k, v, bias)?
         } else {
@@ -444,6 +463,31 @@ impl Tracer<'_> {
     }
 
     /// transformers' `repeat_kv`: `expand` then `reshape`, a copy at full head count.
+    /// `convert_boolean_attn_mask`: SDPA turns a boolean `[B, 1, S, S_kv]` mask into a float one
+    /// of the query's (autocast) dtype, `zeros_like` then `masked_fill_` of its `logical_not`;
+    /// the float mask is an input of the kernel, which keeps it.
+    fn converted_bool_mask(&mut self, q: ValueId, k: ValueId) -> Result<ValueId, Error> {
+        let qv = self.val(q).clone();
+        let &[b, _, s, _] = qv.shape.dims() else {
+            unreachable!("heads view is rank 4")
+        };
+        let s_kv = self.val(k).shape.dims()[2];
+        let dtype = match self.s.amp {
+            Some(amp) if qv.dtype.is_float() => amp.dtype(),
+            _ => qv.dtype,
+        };
+        let shape = Shape::from([b, 1, s, s_kv]);
+        let not = self.storage(
+            &shape,
+            DType::Bool,
+            StorageKind::Activation,
+            "logical_not mask",
+        )?;
+        let mask = self.fresh(shape, dtype, "float attention mask", false)?;
+        self.call(Call::new(AtenOp::BoolMaskToFloat, Vec::new(), vec![mask]).allocs(vec![not]))?;
+        Ok(mask)
+    }
+
     pub(super) fn repeat_kv(&mut self, t: ValueId, heads: u64) -> Result<ValueId, Error> {
         let tv = self.val(t).clone();
         let &[b, _, s, hd] = tv.shape.dims() else {

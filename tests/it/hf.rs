@@ -38,6 +38,17 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // q, o 2·16384² + k, v 2·16384·1024 + MLP 3·16384·53248 + two norms 2·16384
     // = 3_187_703_808, times 126; final norm 16384.
     ("examples/hf/llama-3.1-405b.json", 405_853_388_800),
+    // Falcon-7B: multi-query fused query_key_value 4544·(4544 + 2·64), tied head.
+    ("examples/hf/falcon-7b.json", 6_921_720_704),
+    // phi-2: q, k, v, dense and fc1, fc2 with biases, partial rotary; lm_head with a bias.
+    ("examples/hf/phi-2.json", 2_779_683_840),
+    // Pythia-1.4B (GPT-NeoX): parallel residual, untied embed_out.
+    ("examples/hf/pythia-1.4b.json", 1_414_647_808),
+    // bloom-560m: word_embeddings_layernorm, ALiBi (no position table), tied head.
+    ("examples/hf/bloom-560m.json", 559_214_592),
+    // roberta-base (masked LM): 514 positions, one token type, lm_head tied with its bias.
+    ("examples/hf/roberta-base.json", 124_697_433),
+    ("examples/hf/xlm-roberta-base.json", 278_295_186),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it).
@@ -491,12 +502,13 @@ fn fails(args: &[&str]) -> String {
 fn unsupported_model_type_lists_the_supported_ones() {
     let f = TempModel::new(
         "json",
-        r#"{"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 64}"#,
+        r#"{"model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 64}"#,
     );
     let err = fails(&[f.arg()]);
     for needle in [
-        "falcon",
+        "mamba",
         "not supported",
+        "falcon",
         "llama",
         "mixtral",
         "qwen2_moe",
@@ -610,4 +622,34 @@ fn a_downloaded_config_is_named_by_its_model() {
     assert_eq!(name(dir.path()), "meta-llama/Llama-2-7b-hf");
     assert_eq!(name(&cache), "meta-llama/Llama-2-7b-hf");
     assert_eq!(name(&plain), "my-llama");
+}
+
+/// A diffusers config (Stable Diffusion's UNet) is named as such, not read as a memest file
+/// ("unknown key `_class_name`" before).
+#[test]
+fn a_diffusers_config_is_recognised() {
+    let f = TempModel::new(
+        "json",
+        r#"{"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.6.0",
+            "in_channels": 4, "out_channels": 4, "block_out_channels": [320, 640, 1280, 1280]}"#,
+    );
+    let err = fails(&[f.arg()]);
+    assert!(
+        err.contains("a diffusers UNet2DConditionModel config: not supported yet"),
+        "{err}"
+    );
+}
+
+/// A misspelled `model_type` gets the nearest supported name.
+#[test]
+fn unsupported_model_type_names_the_nearest() {
+    let f = TempModel::new(
+        "json",
+        r#"{"model_type": "gpt-neox", "vocab_size": 100, "hidden_size": 64}"#,
+    );
+    let err = fails(&[f.arg()]);
+    assert!(
+        err.contains("the nearest supported one is `gpt_neox`"),
+        "{err}"
+    );
 }

@@ -138,6 +138,12 @@ mod example {
         hf_qwen2_7b => "examples/hf/qwen2-7b.json",
         hf_qwen3_8b => "examples/hf/qwen3-8b.json",
         hf_t5_small => "examples/hf/t5-small.json",
+        hf_bloom_560m => "examples/hf/bloom-560m.json",
+        hf_falcon_7b => "examples/hf/falcon-7b.json",
+        hf_phi_2 => "examples/hf/phi-2.json",
+        hf_pythia_1_4b => "examples/hf/pythia-1.4b.json",
+        hf_roberta_base => "examples/hf/roberta-base.json",
+        hf_xlm_roberta_base => "examples/hf/xlm-roberta-base.json",
     }
 }
 
@@ -248,6 +254,11 @@ mod print_model {
         hf_qwen1_5_moe_a2_7b => ["--print-model", "examples/hf/qwen1.5-moe-a2.7b.json"],
         hf_qwen2_7b => ["--print-model", "examples/hf/qwen2-7b.json"],
         hf_qwen3_8b => ["--print-model", "examples/hf/qwen3-8b.json"],
+        hf_bloom_560m => ["--print-model", "examples/hf/bloom-560m.json"],
+        hf_falcon_7b => ["--print-model", "examples/hf/falcon-7b.json"],
+        hf_phi_2 => ["--print-model", "examples/hf/phi-2.json"],
+        hf_pythia_1_4b => ["--print-model", "examples/hf/pythia-1.4b.json"],
+        hf_roberta_base => ["--print-model", "examples/hf/roberta-base.json"],
         hf_t5_small => ["--print-model", "examples/hf/t5-small.json"],
     }
 }

@@ -156,6 +156,8 @@ pub enum AtenOp {
     RepeatKv,
     /// Composite: a KV-cache update (`DynamicCache.update`).
     CacheUpdate,
+    /// Composite: SDPA's `convert_boolean_attn_mask` of a materialized boolean mask.
+    BoolMaskToFloat,
     /// Composite: T5's `_shift_right` of the decoder input ids.
     ShiftRight,
     /// Composite: T5's `_relative_position_bucket`.
@@ -231,6 +233,7 @@ impl AtenOp {
             AtenOp::ApplyRotary => "apply_rotary_pos_emb",
             AtenOp::RepeatKv => "repeat_kv",
             AtenOp::CacheUpdate => "cache_update",
+            AtenOp::BoolMaskToFloat => "convert_boolean_attn_mask",
             AtenOp::ShiftRight => "_shift_right",
             AtenOp::RelativePositionBucket => "_relative_position_bucket",
             AtenOp::Return => "return",
@@ -562,6 +565,7 @@ impl AtenOp {
             | AtenOp::RepeatKv
             | AtenOp::CacheUpdate
             | AtenOp::ShiftRight
+            | AtenOp::BoolMaskToFloat
             | AtenOp::RelativePositionBucket
             | AtenOp::Return => plain(&["self"]),
         }

@@ -64,6 +64,26 @@ impl Tracer<'_> {
         let (_, s, h) = self.bsh(&xv)?;
         self.shaped(position_shape(c, &xv.shape))?;
         let w = self.param(Shape::from([c.num_positions, h]), train)?;
+        let (bsz, ..) = self.bsh(&xv)?;
+        if c.ids_per_batch {
+            if c.ids_buffer > 0 {
+                self.buffer(Shape::from([1, c.ids_buffer]), DType::Int64, "position ids")?;
+            }
+            let ids = self.storage(
+                &Shape::from([bsz, s]),
+                DType::Int64,
+                StorageKind::Activation,
+                "position ids from input ids",
+            )?;
+            return self.add_lookup(
+                x,
+                w,
+                ids,
+                Shape::from([bsz, s]),
+                Shape::from([bsz, s, h]),
+                "position embeddings",
+            );
+        }
         let ids = if c.ids_buffer > 0 {
             self.buffer(Shape::from([1, c.ids_buffer]), DType::Int64, "position ids")?
         } else {
@@ -101,7 +121,22 @@ impl Tracer<'_> {
         }
         let w = self.param(Shape::from([c.num_types, h]), train)?;
         // All-zero type ids: an expanded view of the module's buffer, or a new tensor.
-        let ids = if c.ids_buffer > 0 {
+        let ids = if c.ids_per_batch {
+            // RobertaEmbeddings gathers `[B, S]` ids at the position ids.
+            if c.ids_buffer > 0 {
+                self.buffer(
+                    Shape::from([1, c.ids_buffer]),
+                    DType::Int64,
+                    "token type ids",
+                )?;
+            }
+            self.storage(
+                &Shape::from([bsz, s]),
+                DType::Int64,
+                StorageKind::Activation,
+                "gathered token type ids",
+            )?
+        } else if c.ids_buffer > 0 {
             // BertEmbeddings gathers `[1, S]` ids out of its buffer: a new tensor.
             self.buffer(
                 Shape::from([1, c.ids_buffer]),
@@ -249,6 +284,7 @@ mod tests {
         let c = PositionEmbeddingCfg {
             num_positions: 4,
             ids_buffer: 0,
+            ids_per_batch: false,
         };
         assert!(position_shape(&c, &Shape::from([2, 4, 8])).is_ok());
         assert!(position_shape(&c, &Shape::from([2, 5, 8])).is_err());
