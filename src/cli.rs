@@ -442,6 +442,12 @@ impl Cli {
         let (dtype, base_quant) = match self.dtype {
             None => (None, None),
             Some(DtypeArg::Float(d)) => (Some(d), None),
+            // Quantized projections; the other weights take the dtype --amp (float32 under
+            // autocast: peft's `prepare_model_for_kbit_training` casts them so) or --recipe
+            // implies, else bfloat16.
+            Some(DtypeArg::Quant(q)) if self.amp.is_some() || self.recipe.is_some() => {
+                (None, Some(q))
+            }
             Some(DtypeArg::Quant(q)) => (Some(DType::Bfloat16), Some(q)),
         };
         let (quant, quant_warnings) =

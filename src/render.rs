@@ -138,7 +138,7 @@ fn write_header(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
     if let Some(lora) = &r.settings.lora {
         writeln!(
             out,
-            "lora: rank {} on {}: the base is frozen; the {} trainable adapter parameters are float32 (PEFT), so gradients and optimizer state are theirs alone (the recipe line applies to the base weights)",
+            "lora: rank {} on {}: the base is frozen; the {} trainable adapter parameters are float32 (PEFT), so gradients and optimizer state are theirs alone (the recipe line's gradients and optimizer state are the adapters')",
             lora.rank,
             lora.targets.join(","),
             thousands(r.trainable_param_count)
@@ -477,7 +477,16 @@ fn per_param(v: f64) -> String {
 fn recipe_line(r: &Report) -> String {
     let rec = &r.recipe;
     let b = rec.bytes_per_param;
-    let mut terms = vec![format!("{} (weights)", per_param(b.weights))];
+    let weights = match r.settings.quant {
+        Some(q) => format!(
+            "{} (weights: {} projections, {} elsewhere, averaged over all parameters)",
+            per_param(b.weights),
+            q.name(),
+            rec.weights_dtype
+        ),
+        None => format!("{} (weights)", per_param(b.weights)),
+    };
+    let mut terms = vec![weights];
     let note = if r.settings.training() {
         terms.push(format!("{} (grads)", per_param(b.gradients)));
         if rec.master_weights_dtype.is_some() {
@@ -508,9 +517,12 @@ fn recipe_line(r: &Report) -> String {
     } else {
         format!("; {}", dtypes.join(", "))
     };
+    let name = match r.settings.quant {
+        Some(q) => format!("{} with {} projections", rec.name, q.name()),
+        None => rec.name.clone(),
+    };
     format!(
-        "recipe: {}: {} = {} bytes/parameter{note}{dtypes}\n",
-        rec.name,
+        "recipe: {name}: {} = {} bytes/parameter{note}{dtypes}\n",
         terms.join(" + "),
         per_param(b.total)
     )

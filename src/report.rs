@@ -513,6 +513,20 @@ impl Report {
                     optimizer: settings.optimizer,
                     state_bytes: sim.optimizer_state_bytes,
                     trainable_params: trainable_param_count,
+                    stored_bytes_per_param: settings.quant.map(|_| {
+                        let (bytes, count) = tape.params.iter().fold((0u64, 0u64), |(b, n), p| {
+                            (b.saturating_add(p.bytes), n.saturating_add(p.numel))
+                        });
+                        #[allow(clippy::cast_precision_loss)] // an average for display
+                        let avg = bytes as f64 / count.max(1) as f64;
+                        (avg * 1000.0).round() / 1000.0
+                    }),
+                    trainable_dtype: tape
+                        .params
+                        .iter()
+                        .find(|p| p.trainable)
+                        .map(|p| tape.values[p.value].dtype)
+                        .filter(|&d| settings.lora.is_some() && d != settings.recipe.weights),
                 },
             ),
             input_shape: tape.input_shape.clone(),

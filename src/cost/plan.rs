@@ -35,7 +35,7 @@ pub struct RecipeReport {
 }
 
 /// What a step did with its optimizer, as the per-parameter figures need it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepUse {
     /// Whether it is a training step (else gradients, master weights and state count 0).
     pub training: bool,
@@ -45,6 +45,14 @@ pub struct StepUse {
     pub state_bytes: u64,
     /// Trainable parameters (elements).
     pub trainable_params: u64,
+    /// The average stored bytes per parameter over the whole model, when some weights are
+    /// quantized (`--dtype nf4|int8|int4|fp8`): packed values and their scales beside the
+    /// recipe's dtype elsewhere. `None`: every weight is in the recipe's dtype.
+    pub stored_bytes_per_param: Option<f64>,
+    /// The dtype of the trainable parameters when it is not the recipe's weights dtype (LoRA
+    /// adapters kept in float32 beside a 16-bit base): gradients and optimizer state are
+    /// theirs.
+    pub trainable_dtype: Option<DType>,
 }
 
 impl RecipeReport {
@@ -112,25 +120,29 @@ impl BytesPerParam {
             optimizer,
             state_bytes,
             trainable_params,
+            stored_bytes_per_param,
+            trainable_dtype,
         } = step;
         #[allow(clippy::cast_precision_loss)] // bit widths are small
         let bytes = |d: DType| d.bits() as f64 / 8.0;
+        // Adapters of their own dtype: their gradients and state, without master copies.
+        let state_dtype = trainable_dtype.unwrap_or_else(|| recipe.optimizer_dtype());
         let optimizer_state = optimizer.filter(|_| training).map_or(0.0, |o| {
-            o.nominal_state_bytes_per_param(bytes(recipe.optimizer_dtype()))
+            o.nominal_state_bytes_per_param(bytes(state_dtype))
                 .unwrap_or_else(|| {
                     #[allow(clippy::cast_precision_loss)] // an average for display
                     let avg = state_bytes as f64 / trainable_params.max(1) as f64;
                     (avg * 1000.0).round() / 1000.0
                 })
         });
-        let weights = bytes(recipe.weights);
-        let gradients = if training {
-            bytes(recipe.gradients)
-        } else {
-            0.0
+        let weights = stored_bytes_per_param.unwrap_or_else(|| bytes(recipe.weights));
+        let gradients = match trainable_dtype {
+            _ if !training => 0.0,
+            Some(d) => bytes(d),
+            None => bytes(recipe.gradients),
         };
         let master_weights = match recipe.master_weights {
-            Some(m) if training => bytes(m),
+            Some(m) if training && trainable_dtype.is_none() => bytes(m),
             _ => 0.0,
         };
         BytesPerParam {
@@ -138,7 +150,12 @@ impl BytesPerParam {
             gradients,
             master_weights,
             optimizer_state,
-            total: weights + gradients + master_weights + optimizer_state,
+            total: if stored_bytes_per_param.is_some() {
+                // the average is rounded to 3 decimals: so is the sum
+                ((weights + gradients + master_weights + optimizer_state) * 1000.0).round() / 1000.0
+            } else {
+                weights + gradients + master_weights + optimizer_state
+            },
         }
     }
 }
@@ -346,6 +363,8 @@ mod tests {
             optimizer: Some(Optimizer::Adam),
             state_bytes: plan.state_bytes,
             trainable_params: 100_352,
+            stored_bytes_per_param: None,
+            trainable_dtype: None,
         };
         let bpp = BytesPerParam::new(&recipe, step);
         assert_eq!(bpp.total, 16.0);

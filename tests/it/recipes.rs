@@ -226,3 +226,88 @@ fn ema_copy_in_either_precision() {
     f32.extend(["--ema", "float32"]);
     assert_eq!(u(&json_of(&f32)["ema_bytes"]), 176_179_456);
 }
+
+/// Under `--dtype nf4|int8` the recipe line says what the weights are: the quantized projections
+/// and the recipe's dtype elsewhere, averaged over every parameter (Llama-2-7B in NF4:
+/// 4,029,546,496 bytes over 6,778,392,576 parameters, 0.594), and the float32 adapters'
+/// gradients (4) and AdamW state (8); it used to say "bf16: 2 (weights) + 2 (grads) + 4 (adamw)".
+#[test]
+fn quantized_recipe_line_names_the_projections() {
+    let args = [
+        "examples/hf/llama-2-7b.json",
+        "--lora-rank",
+        "16",
+        "--dtype",
+        "nf4",
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+    ];
+    let text = crate::common::stdout(&memest(&args));
+    assert!(
+        text.contains("recipe: bf16 with nf4 projections: 0.594 (weights: nf4 projections, bfloat16 elsewhere, averaged over all parameters) + 4 (grads) + 8 (adamw) = 12.594 bytes/parameter"),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.extend(["--format", "json"]);
+    let r = json_of(&json_args);
+    let b = &r["recipe"]["bytes_per_param"];
+    assert_eq!(b["weights"], 0.594);
+    assert_eq!(
+        (b["gradients"].as_f64(), b["optimizer_state"].as_f64()),
+        (Some(4.0), Some(8.0))
+    );
+}
+
+/// `--amp bf16 --dtype nf4` is consistent: quantized projections, every other weight float32
+/// under bfloat16 autocast (what peft's `prepare_model_for_kbit_training` and HF Trainer's
+/// `bf16=True` make). So is `--recipe fp32 --dtype nf4`. A real contradiction names the values
+/// given.
+#[test]
+fn consistent_quantized_combinations_are_accepted() {
+    let r = json_of(&[
+        "examples/hf/llama-2-7b.json",
+        "--dtype",
+        "nf4",
+        "--amp",
+        "bf16",
+        "--lora-rank",
+        "16",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r["settings"]["recipe"], "amp-bf16");
+    let by = &r["parameters_by_dtype"];
+    assert!(
+        by.get("nf4").is_some() && by.get("bfloat16").is_none(),
+        "{by}"
+    );
+    // 262,410,240 embedding, head and norm weights plus 39,976,960 adapters, float32
+    assert_eq!(r["param_count_by_dtype"]["float32"], 302_387_200);
+    let r = json_of(&[
+        "examples/hf/llama-2-7b.json",
+        "--dtype",
+        "nf4",
+        "--recipe",
+        "fp32",
+        "--mode",
+        "infer",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r["param_count_by_dtype"]["float32"], 262_410_240);
+    let out = memest(&[
+        "examples/hf/llama-2-7b.json",
+        "--dtype",
+        "float16",
+        "--amp",
+        "bf16",
+    ]);
+    assert_eq!(crate::common::code(&out), 2);
+    let err = crate::common::stderr(&out);
+    assert!(
+        err.contains("--dtype float16") && err.contains("float32 weights"),
+        "{err}"
+    );
+}
