@@ -339,8 +339,12 @@ impl Tracer<'_> {
     /// Scaled-dot-product attention through a fused kernel (flash): saves Q, K and V as passed,
     /// the output, and a float32 log-sum-exp `[B, heads, S]`
     /// (`derivatives.yaml` `_scaled_dot_product_flash_attention(_for_cpu)`). On the CPU the
-    /// output is allocated with the query's dimension order (`empty_like`); CUDA's kernels lay it
-    /// out `[B, S, heads, head_dim]`.
+    /// output is allocated with the query's dimension order (`empty_like`). On CUDA the kernel
+    /// is [`cuda_sdpa_kernel`]'s: cuDNN allocates the output with the query's dimension order
+    /// too (`alloc_with_matching_layout`, `aten/src/ATen/native/cudnn/MHA.cpp`); the
+    /// memory-efficient kernel lays it out `[B, S, heads, head_dim]` and pads its log-sum-exp to
+    /// `[B, heads, ⌈S/32⌉·32]` (`_efficient_attention_forward`,
+    /// `aten/src/ATen/native/transformers/cuda/attention.cu`).
     pub(super) fn sdpa_flash(
         &mut self,
         q: ValueId,
@@ -356,14 +360,27 @@ impl Tracer<'_> {
             unreachable!("heads view is rank 4")
         };
         let rg = qv.requires_grad || self.rg(k) || self.rg(v);
-        let layout = match (self.s.device, qv.layout) {
-            (Device::Cuda, _) => Layout::HeadsTransposed,
+        let kernel = match self.s.device {
+            Device::Cuda => Some(cuda_sdpa_kernel(qv.dtype)),
+            Device::Cpu => None,
+        };
+        let layout = match (kernel, qv.layout) {
+            (Some(CudaSdpa::Efficient), _) => Layout::HeadsTransposed,
             (
-                Device::Cpu,
+                None | Some(CudaSdpa::Cudnn),
                 l @ (Layout::HeadsTransposed | Layout::SeqFirst | Layout::Contiguous),
             ) => l,
-            (Device::Cpu, Layout::HeadsStrided) => Layout::HeadsTransposed,
-            (Device::Cpu, Layout::LastTwoSwapped | Layout::Strided) => Layout::Contiguous,
+            (None | Some(CudaSdpa::Cudnn), Layout::HeadsStrided) => Layout::HeadsTransposed,
+            (None | Some(CudaSdpa::Cudnn), Layout::LastTwoSwapped | Layout::Strided) => {
+                Layout::Contiguous
+            }
+        };
+        let lse_len = match kernel {
+            Some(CudaSdpa::Efficient) => checked(
+                s.div_ceil(32).checked_mul(32),
+                "the padded log-sum-exp length",
+            )?,
+            None | Some(CudaSdpa::Cudnn) => s,
         };
         let out_s = self.storage(
             &qv.shape,
@@ -373,7 +390,7 @@ impl Tracer<'_> {
         )?;
         let out = self.value(out_s, qv.shape.clone(), qv.dtype, layout, rg, false);
         let lse = self.storage(
-            &Shape::from([b, heads, s]),
+            &Shape::from([b, heads, lse_len]),
             DType::Float32,
             StorageKind::Activation,
             "logsumexp",
@@ -501,5 +518,27 @@ impl Tracer<'_> {
         )?;
         self.call(Call::new(AtenOp::RepeatKv, vec![t], vec![y]))?;
         Ok(y)
+    }
+}
+
+/// The fused attention kernel PyTorch's CUDA backend picks (`sdp::select_sdp_backend`,
+/// `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CudaSdpa {
+    /// `_scaled_dot_product_cudnn_attention`: first in the priority order on sm90/sm100 with
+    /// cuDNN ≥ 9.15, for 16-bit inputs.
+    Cudnn,
+    /// `_scaled_dot_product_efficient_attention`: what float32 inputs get (neither cuDNN nor
+    /// flash take them).
+    Efficient,
+}
+
+/// The kernel for inputs of `dtype` on the GPU the measured CUDA figures emulate (H100, sm 9.0,
+/// cuDNN 9.26): cuDNN for bfloat16 and float16, memory-efficient for float32. Head sizes,
+/// masks and dropout within the cases memest models do not change the choice.
+fn cuda_sdpa_kernel(dtype: DType) -> CudaSdpa {
+    match dtype {
+        DType::Bfloat16 | DType::Float16 => CudaSdpa::Cudnn,
+        _ => CudaSdpa::Efficient,
     }
 }

@@ -80,11 +80,13 @@ impl Tracer<'_> {
             return Ok(x);
         }
         let xv = self.val(x).clone();
-        // CUDA: `native_dropout` keeps a bool mask. CPU: `_dropout_impl` multiplies by a noise
-        // tensor of the input's dtype and keeps it (aten/src/ATen/native/Dropout.cpp).
+        // CUDA: `dropout` takes the fused `native_dropout`, which keeps a bool mask. CPU, and
+        // the in-place `dropout_` on any device (`nn.Dropout(inplace=True)`: it never takes the
+        // fused kernel): `_dropout_impl` multiplies by a noise tensor of the input's dtype and
+        // keeps it (aten/src/ATen/native/Dropout.cpp, `dropout` and `dropout_`).
         let (mask_dtype, what) = match self.s.device {
-            Device::Cuda => (DType::Bool, "dropout mask"),
-            Device::Cpu => (xv.dtype, "dropout noise"),
+            Device::Cuda if !inplace => (DType::Bool, "dropout mask"),
+            Device::Cuda | Device::Cpu => (xv.dtype, "dropout noise"),
         };
         let mask = self.storage(&xv.shape, mask_dtype, StorageKind::Activation, what)?;
         let y = if inplace {
@@ -139,8 +141,16 @@ impl Tracer<'_> {
             Activation::Tanh => AtenOp::Tanh,
             Activation::Sigmoid => AtenOp::Sigmoid,
             Activation::GeluNew => {
-                // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), op by op.
-                let cube = self.unary(x, AtenOp::Pow)?;
+                // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), op by op. CUDA
+                // autocast runs `pow` in float32 (its fp32 list, `autocast_mode.cpp`): the cube
+                // reads a float32 copy of x, and type promotion carries float32 through the
+                // sum, the tanh and the product.
+                let base = if self.autocast_f32_norms() {
+                    self.upcast_f32(x)?
+                } else {
+                    x
+                };
+                let cube = self.unary(base, AtenOp::Pow)?;
                 let scaled = self.unary(cube, AtenOp::MulScalar)?;
                 let inner = self.add(&[x, scaled], false)?;
                 let arg = self.unary(inner, AtenOp::MulScalar)?;
@@ -351,7 +361,14 @@ impl Tracer<'_> {
         } else {
             labels
         };
-        let xin = if upcast || self.s.amp.is_some() {
+        // CPU autocast runs the whole loss in float32. CUDA autocast lists neither
+        // `cross_entropy_loss` nor a `log_softmax` given a dtype (the loss passes the logits'
+        // own), so the log-probabilities stay 16-bit and `nll_loss`, on its float32 list, reads
+        // (and keeps) a float32 copy of them (`aten/src/ATen/autocast_mode.cpp`,
+        // `aten/src/ATen/native/LossNLL.cpp` `cross_entropy_loss_label_smoothing`/`_prob_target`
+        // and `cross_entropy_loss`).
+        let cuda_amp = self.autocast_f32_norms();
+        let xin = if upcast || (self.s.amp.is_some() && !cuda_amp) {
             self.upcast_f32(x)?
         } else {
             x
@@ -364,6 +381,8 @@ impl Tracer<'_> {
             inv.requires_grad,
         )?;
         self.call(Call::new(AtenOp::LogSoftmax, vec![xin], vec![lp]))?;
+        let lp = if cuda_amp { self.upcast_f32(lp)? } else { lp };
+        let inv = self.val(lp).clone();
         let loss = self.fresh(Shape::default(), inv.dtype, "loss", inv.requires_grad)?;
         // nll_loss_forward also returns `total_weight`, a float32 scalar its backward keeps.
         let total_weight = self.storage(
