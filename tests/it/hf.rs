@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use crate::common::{TempModel, code, describe, memest, path, report, stderr, stdout, u};
 use crate::reference::{
-    EXTRA, HF, SHARED, Set, assert_all_ok, assert_medians, cases_in, compare_cases, compare_set,
-    snapshot,
+    EXTRA, HF, HF_CUDA, SHARED, Set, assert_all_ok, assert_medians, cases_in, compare_cases,
+    compare_set, snapshot,
 };
 
 /// Every shipped config with its exact parameter count as transformers 5.24 builds the class its
@@ -389,6 +389,15 @@ fn tiny_configs_of_each_family_match_measurements() {
     assert_all_ok(&rows);
     assert_medians(&rows);
     snapshot("reference_hf", &rows);
+}
+
+/// The same tiny configs on CUDA kernels (emulated H100, `tools/measure_fake_cuda.py`).
+#[test]
+fn tiny_configs_of_each_family_match_cuda_measurements() {
+    let rows = compare_set(&HF_CUDA);
+    assert_all_ok(&rows);
+    assert_medians(&rows);
+    snapshot("reference_hf_cuda", &rows);
 }
 
 /// Estimates of a description under a grid of settings, in-process.

@@ -17,6 +17,10 @@
 //!
 //! A third set, `hf-cases-cli.json` / `hf-reference.json` (tiny Hugging Face configs, one per
 //! family, `tools/hf_cases.json`), runs through the same harness from `tests/it/hf.rs`.
+//!
+//! Each set also exists as a CUDA GPU runs it (`*-cuda.json`: CUDA kernels on fake tensors,
+//! emulated H100, measured by `tools/measure_fake_cuda.py`), asked with `--device cuda` and
+//! checked the same way, with per-case peak allowances in `peak-allowance-cuda.json`.
 
 use std::fmt::Write as _;
 
@@ -77,28 +81,59 @@ fn get_u64(v: &Value, pointer: &str, case: &str) -> u64 {
         .unwrap_or_else(|| panic!("reference case {case}: `{pointer}` missing"))
 }
 
-/// A set of measured cases: how each is asked of memest, and the measurements.
+/// A set of measured cases: how each is asked of memest, the measurements, and the per-case
+/// peak allowances.
 pub(crate) struct Set {
     cli: &'static str,
     reference: &'static str,
+    allowance: &'static str,
     min_cases: usize,
 }
 
 pub(crate) const SHARED: Set = Set {
     cli: "tests/data/cases-cli.json",
     reference: "tests/data/reference.json",
+    allowance: PEAK_ALLOWANCE,
     min_cases: 13,
 };
 /// Tiny Hugging Face configs of each family (`tools/hf_cases.json`), run from `tests/it/hf.rs`.
 pub(crate) const HF: Set = Set {
     cli: "tests/data/hf-cases-cli.json",
     reference: "tests/data/hf-reference.json",
+    allowance: PEAK_ALLOWANCE,
     min_cases: 11,
 };
 pub(crate) const EXTRA: Set = Set {
     cli: "tests/data/extra-cases-cli.json",
     reference: "tests/data/extra-reference.json",
+    allowance: PEAK_ALLOWANCE,
     min_cases: 6,
+};
+
+/// Per case of the CUDA sets: the largest |error| allowed on the peak, in percent.
+const PEAK_ALLOWANCE_CUDA: &str = "tests/data/peak-allowance-cuda.json";
+
+/// The shared cases as a CUDA GPU runs them (emulated H100, `tools/measure_fake_cuda.py`), asked
+/// with `--device cuda`.
+pub(crate) const SHARED_CUDA: Set = Set {
+    cli: "tests/data/cases-cli-cuda.json",
+    reference: "tests/data/reference-cuda.json",
+    allowance: PEAK_ALLOWANCE_CUDA,
+    min_cases: 13,
+};
+/// The extra cases on CUDA kernels (`tools/extra_cases.json`, `tools/measure_fake_cuda.py`).
+pub(crate) const EXTRA_CUDA: Set = Set {
+    cli: "tests/data/extra-cases-cli-cuda.json",
+    reference: "tests/data/extra-reference-cuda.json",
+    allowance: PEAK_ALLOWANCE_CUDA,
+    min_cases: 30,
+};
+/// The tiny Hugging Face configs on CUDA kernels, run from `tests/it/hf.rs`.
+pub(crate) const HF_CUDA: Set = Set {
+    cli: "tests/data/hf-cases-cli-cuda.json",
+    reference: "tests/data/hf-reference-cuda.json",
+    allowance: PEAK_ALLOWANCE_CUDA,
+    min_cases: 11,
 };
 
 /// Every case: (id, memest arguments, reference record), in the order of `cases-cli.json`.
@@ -135,11 +170,11 @@ fn compare_all() -> Vec<Row> {
     compare_set(&SHARED)
 }
 
-/// The peak allowance of case `id`, from [`PEAK_ALLOWANCE`].
-fn peak_allowance(allowances: &Value, id: &str) -> f64 {
+/// The peak allowance of case `id`, from `allowances` (the file `file`).
+fn peak_allowance(allowances: &Value, file: &str, id: &str) -> f64 {
     allowances[id]
         .as_f64()
-        .unwrap_or_else(|| panic!("{PEAK_ALLOWANCE} has no allowance for case {id}"))
+        .unwrap_or_else(|| panic!("{file} has no allowance for case {id}"))
 }
 
 /// Runs memest on every case of `set` and lists every compared figure.
@@ -152,12 +187,28 @@ pub(crate) fn compare_set(set: &Set) -> Vec<Row> {
         set.cli,
         cases.len()
     );
-    compare_cases(&cases)
+    compare_cases_with(&cases, set.allowance)
 }
 
-/// Runs memest on each `(id, arguments, reference record)` and lists every compared figure.
+/// Runs memest on each `(id, arguments, reference record)` and lists every compared figure
+/// (peak allowances from [`PEAK_ALLOWANCE`]).
 pub(crate) fn compare_cases(cases: &[(String, Vec<String>, Value)]) -> Vec<Row> {
-    let allowances = load(PEAK_ALLOWANCE);
+    compare_cases_with(cases, PEAK_ALLOWANCE)
+}
+
+/// Optimizer state as measured: on CUDA, `measure_fake_cuda.py` counts the state on the device
+/// (`optimizer_state_bytes`) and Adam's `step` scalars, which `foreach` keeps on the host
+/// (`optimizer_state_bytes_host`), apart; memest's figure is the whole state.
+fn measured_optimizer_state(r: &Value, id: &str) -> u64 {
+    get_u64(r, "/optimizer_state_bytes", id)
+        + r.pointer("/optimizer_state_bytes_host")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+}
+
+/// [`compare_cases`] with the peak allowances of the file `allowance`.
+fn compare_cases_with(cases: &[(String, Vec<String>, Value)], allowance: &str) -> Vec<Row> {
+    let allowances = load(allowance);
     let mut rows = Vec::new();
     for (id, args, r) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -192,7 +243,7 @@ pub(crate) fn compare_cases(cases: &[(String, Vec<String>, Value)]) -> Vec<Row> 
         row(
             "optimizer_state_bytes",
             u(&est, "optimizer_state_bytes"),
-            get_u64(r, "/optimizer_state_bytes", id),
+            measured_optimizer_state(r, id),
             Check::Exact,
         );
         row(
@@ -205,7 +256,7 @@ pub(crate) fn compare_cases(cases: &[(String, Vec<String>, Value)]) -> Vec<Row> 
             "peak_bytes",
             u(&est, "peak_bytes"),
             get_u64(r, "/timeline/peak_total", id),
-            Check::WithinPct(peak_allowance(&allowances, id)),
+            Check::WithinPct(peak_allowance(&allowances, allowance, id)),
         );
     }
     rows
@@ -285,24 +336,44 @@ fn models_outside_the_reference_match_our_measurements() {
     snapshot("reference_extra", &rows);
 }
 
+/// The CUDA figures of the shared and extra cases (emulated H100): the same checks as on the
+/// CPU, with the CUDA sets' own peak allowances.
+#[test]
+fn cuda_cases_match_the_emulated_measurements() {
+    for (set, name) in [
+        (&SHARED_CUDA, "reference_shared_cuda"),
+        (&EXTRA_CUDA, "reference_extra_cuda"),
+    ] {
+        let rows = compare_set(set);
+        assert_all_ok(&rows);
+        assert_medians(&rows);
+        snapshot(name, &rows);
+    }
+}
+
 /// Every measured case has a peak allowance, and every allowance names a measured case.
 #[test]
 fn peak_allowances_match_the_cases() {
-    let allowances = load(PEAK_ALLOWANCE);
-    let mut ids: Vec<String> = [&SHARED, &EXTRA, &HF]
-        .iter()
-        .flat_map(|set| cases_in(set).into_iter().map(|(id, _, _)| id))
-        .collect();
-    ids.sort();
-    let mut named: Vec<String> = allowances
-        .as_object()
-        .expect("peak-allowance.json is an object")
-        .keys()
-        .filter(|k| !k.starts_with('_'))
-        .cloned()
-        .collect();
-    named.sort();
-    assert_eq!(named, ids);
+    for (file, sets) in [
+        (PEAK_ALLOWANCE, [&SHARED, &EXTRA, &HF]),
+        (PEAK_ALLOWANCE_CUDA, [&SHARED_CUDA, &EXTRA_CUDA, &HF_CUDA]),
+    ] {
+        let allowances = load(file);
+        let mut ids: Vec<String> = sets
+            .iter()
+            .flat_map(|set| cases_in(set).into_iter().map(|(id, _, _)| id))
+            .collect();
+        ids.sort();
+        let mut named: Vec<String> = allowances
+            .as_object()
+            .unwrap_or_else(|| panic!("{file} is an object"))
+            .keys()
+            .filter(|k| !k.starts_with('_'))
+            .cloned()
+            .collect();
+        named.sort();
+        assert_eq!(named, ids, "{file}");
+    }
 }
 
 /// Fails, with the whole table, if a figure is outside its tolerance.
