@@ -31,6 +31,8 @@ pub(super) enum Key {
     Transient,
     /// The optimizer step's temporaries.
     StepTemporaries,
+    /// An EMA copy of the weights.
+    Ema,
 }
 
 /// The allocator, the blocks under each key, and the first error met.

@@ -508,6 +508,7 @@ pub fn simulate_observed(
             training.then_some(param_grad),
             config,
             (settings.grad_accum, in_backward),
+            ema_tensors(tape, settings.ema.filter(|_| training)),
         )?)
     } else {
         None
@@ -581,7 +582,8 @@ pub fn simulate_observed(
 /// Each step starts with `zero_grad(set_to_none=True)` and ends when the caller drops the
 /// output and the loss. `training` carries the backward pass's parameter-gradient dtypes, as
 /// [`simulate`] passes them; the last argument the micro-batches per step and the in-backward
-/// optimizer's per-parameter temporaries, as [`simulate`] runs them.
+/// optimizer's per-parameter temporaries, as [`simulate`] runs them; `ema` the tensors of an
+/// EMA copy, made after the model is loaded.
 fn allocator_peaks(
     tape: &Tape,
     facts: &Liveness,
@@ -589,9 +591,11 @@ fn allocator_peaks(
     training: Option<Option<(DType, DType)>>,
     config: crate::alloc::Config,
     (grad_accum, in_backward): (u64, Option<&dyn Fn(ValueId) -> u64>),
+    ema: impl Iterator<Item = u64>,
 ) -> Result<AllocatorPeaks, Error> {
     let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
     r.load();
+    r.ema_copy(ema);
     r.optimizer_init(plan);
     for first in [true, false] {
         if !first && let Some(h) = &mut r.heap {
@@ -631,34 +635,39 @@ fn allocator_peaks(
 /// as `copy.deepcopy(model)` makes them (`torch.optim.swa_utils.AveragedModel`, timm's
 /// `ModelEmaV3`), each floating-point one in `dtype` (a quantized weight as stored).
 fn ema_bytes(tape: &Tape, dtype: Option<DType>) -> u64 {
-    let Some(dtype) = dtype else { return 0 };
-    let params = tape.params.iter().fold(0u64, |sum, p| {
+    ema_tensors(tape, dtype).fold(0u64, u64::saturating_add)
+}
+
+/// The tensors of [`ema_bytes`], parameters then buffers, each one's bytes.
+fn ema_tensors(tape: &Tape, dtype: Option<DType>) -> impl Iterator<Item = u64> + '_ {
+    let params = tape.params.iter().filter_map(move |p| {
+        let dtype = dtype?;
         let stored = tape.values[p.value].dtype;
-        let bytes = if stored == dtype
-            || !stored.is_float()
-            || p.bytes != stored.bytes_for(p.numel).unwrap_or(0)
-        {
-            p.bytes
-        } else {
-            dtype.bytes_for(p.numel).unwrap_or(u64::MAX)
-        };
-        sum.saturating_add(bytes)
+        Some(
+            if stored == dtype
+                || !stored.is_float()
+                || p.bytes != stored.bytes_for(p.numel).unwrap_or(0)
+            {
+                p.bytes
+            } else {
+                dtype.bytes_for(p.numel).unwrap_or(u64::MAX)
+            },
+        )
     });
     // Floating-point buffers follow the copy's dtype too (`ema.to(torch.float32)` casts them).
-    tape.storages
+    let buffers = tape
+        .storages
         .iter()
-        .filter(|s| s.kind == crate::trace::StorageKind::Buffer)
-        .fold(params, |sum, s| {
-            let bytes = if s.dtype.is_float() {
-                s.shape
-                    .numel()
-                    .and_then(|n| dtype.bytes_for(n))
-                    .unwrap_or(u64::MAX)
-            } else {
-                s.bytes
-            };
-            sum.saturating_add(bytes)
-        })
+        .filter(move |s| dtype.is_some() && s.kind == crate::trace::StorageKind::Buffer)
+        .map(move |s| match dtype {
+            Some(d) if s.dtype.is_float() => s
+                .shape
+                .numel()
+                .and_then(|n| d.bytes_for(n))
+                .unwrap_or(u64::MAX),
+            _ => s.bytes,
+        });
+    params.chain(buffers)
 }
 
 /// The temporaries of one EMA update: diffusers' `EMAModel.step` (`foreach=False`, its default)

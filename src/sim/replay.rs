@@ -734,6 +734,13 @@ impl Replay<'_> {
         }
     }
 
+    /// An EMA copy of the weights (`copy.deepcopy(model)`), tensor by tensor.
+    pub(super) fn ema_copy(&mut self, tensors: impl Iterator<Item = u64>) {
+        for bytes in tensors {
+            self.heap_alloc(Key::Ema, bytes);
+        }
+    }
+
     /// What the optimizer makes before its first step: the float32 master copies of a
     /// `mixed-*` recipe, and state that its constructor fills (Adagrad's `sum`).
     pub(super) fn optimizer_init(&mut self, plan: &OptimizerPlan<ValueId>) {
