@@ -76,6 +76,9 @@ pub(super) struct Dist {
     pub units: Vec<Unit>,
     /// When gradients shrink to the shard.
     pub reduce: Reduce,
+    /// A gradient partition buffer allocated at the first reduction and kept to the step
+    /// (ZeRO-2's `grads_in_partition`); 0 when there is none.
+    pub partition_buffer: u64,
     /// This rank's gradient bytes after reduction, for [`Reduce::AtStep`] (float32).
     pub step_grad_bytes: u64,
     /// The optimizer's plan over this rank's part of the parameters.
@@ -103,7 +106,9 @@ impl Dist {
             // ZeRO-1 holds the whole gradients through backward (the paper's 2Ψ); its float32
             // partition exists only during the step.
             Reduce::Never | Reduce::AtStep => whole,
-            Reduce::PerUnit { into_buffer: true } => self.grads_always,
+            Reduce::PerUnit { into_buffer: true } => {
+                self.grads_always.saturating_add(self.partition_buffer)
+            }
             Reduce::PerUnit { into_buffer: false } => {
                 let (all, shard) = self
                     .units
@@ -173,6 +178,7 @@ impl Dist {
             grads_in_backward: true,
             units: Vec::new(),
             reduce: Reduce::Never,
+            partition_buffer: 0,
             step_grad_bytes: 0,
             optimizer: OptimizerPlan::default(),
             master_partition_bytes: 0,
@@ -190,10 +196,35 @@ impl Dist {
                 None => OptimizerPlan::default(),
             },
         };
+        // FSDP with a `mixed-*` recipe is FSDP2's `MixedPrecisionPolicy(param_dtype=<16-bit>)`:
+        // the sharded parameters stay in the master dtype (float32) and are the optimizer's
+        // master weights; the all-gather casts them to the 16-bit dtype the step computes in
+        // (the traced weights), and each unit's 16-bit gradients are reduced into float32
+        // shards (`foreach_reduce` casts the reduce-scatter output to the parameter's dtype).
+        let sharded_master = match plan.sharding {
+            Sharding::Fsdp(f) if f.shard_group > 1 => settings
+                .recipe
+                .master_weights
+                .filter(|&m| m != settings.recipe.weights),
+            _ => None,
+        };
+        let at_rest = |d: DType| match sharded_master {
+            Some(m) if d == settings.recipe.weights => m,
+            _ => d,
+        };
         // Resident parameters: the shard when parameters are split.
         for p in &tape.params {
             let v = &tape.values[p.value];
-            let bytes = if split.params > 1 {
+            let bytes = if split.params > 1 && p.trainable && at_rest(v.dtype) != v.dtype {
+                let t = Trainable {
+                    value: p.value,
+                    shape: p.shape.dims().to_vec(),
+                    numel: p.numel,
+                    dtype: v.dtype,
+                    grad_bytes: 0,
+                };
+                bytes_of(at_rest(v.dtype), part(&t, split.params))
+            } else if split.params > 1 {
                 let t = Trainable {
                     value: p.value,
                     shape: p.shape.dims().to_vec(),
@@ -268,20 +299,29 @@ impl Dist {
                         TensorInfo {
                             shape: s,
                             numel: n,
-                            bytes: bytes_of(t.dtype, n),
+                            bytes: bytes_of(at_rest(t.dtype), n),
                         },
-                        t.dtype,
+                        at_rest(t.dtype),
                     )
                 });
+                // Under FSDP mixed precision the float32 shards are the master weights: the
+                // optimizer updates them in place, with no copy of its own.
+                let recipe = match sharded_master {
+                    Some(m) => crate::cost::Recipe::derived(m, None),
+                    None => settings.recipe.clone(),
+                };
                 if let Some(opt) = settings.optimizer {
                     dist.optimizer =
-                        OptimizerPlan::new(opt, settings.optimizer_impl, &settings.recipe, infos);
+                        OptimizerPlan::new(opt, settings.optimizer_impl, &recipe, infos);
                 }
             }
         }
         // Engine by engine: buffers, reduction and units.
         let shard_grad = |t: &Trainable, ranks: u64| -> u64 {
             let n = part(t, ranks);
+            if sharded_master.is_some() && ranks > 1 {
+                return bytes_of(at_rest(t.dtype), n);
+            }
             u64::try_from(u128::from(t.grad_bytes) * u128::from(n) / u128::from(t.numel.max(1)))
                 .unwrap_or(u64::MAX)
         };
@@ -304,9 +344,9 @@ impl Dist {
                     });
                     for u in &mut dist.units {
                         u.gather_buffer = true;
-                        u.reduce_buffer_bytes = u.grads.iter().fold(0u64, |a, g| {
-                            a.saturating_add(g.2.saturating_mul(f.shard_group))
-                        });
+                        // In the gradients' dtype (`reduce_dtype` defaults to `param_dtype`).
+                        u.reduce_buffer_bytes =
+                            u.grads.iter().fold(0u64, |a, g| a.saturating_add(g.1));
                     }
                 }
             }
@@ -324,7 +364,15 @@ impl Dist {
                         if z.stage == 1 {
                             dist.reduce = Reduce::AtStep;
                         } else {
-                            dist.reduce = Reduce::PerUnit { into_buffer: false };
+                            // ZeRO-2 (`partition_gradients`): each reduced bucket's part for this
+                            // rank is copied into `grads_in_partition`, one buffer of this rank's
+                            // partition that `copy_grads_in_partition` allocates at the first
+                            // reduction and keeps to the step; the whole gradients are freed.
+                            dist.reduce = Reduce::PerUnit { into_buffer: true };
+                            dist.partition_buffer = bytes_of(
+                                grad_elem,
+                                shard::zero12_partition_numel(total_numel, ranks),
+                            );
                             // Units only for when their gradients are reduced: ZeRO-2 gathers
                             // nothing (every rank holds the whole parameters).
                             dist.units =

@@ -65,6 +65,8 @@ pub(super) struct Replay<'a> {
     pub heap: Option<Heap>,
     /// FSDP2's last all-gather output in forward, kept until the next all-gather.
     pending_gather: u64,
+    /// Whether ZeRO-2's gradient partition buffer exists yet.
+    partition_buffer: bool,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -124,6 +126,7 @@ impl<'a> Replay<'a> {
             gathered: Vec::new(),
             heap: None,
             pending_gather: 0,
+            partition_buffer: false,
         }
     }
 
@@ -175,6 +178,10 @@ impl<'a> Replay<'a> {
         let Reduce::PerUnit { into_buffer } = d.reduce else {
             return;
         };
+        if d.partition_buffer > 0 && !self.partition_buffer {
+            self.partition_buffer = true;
+            self.add(Category::Gradients, d.partition_buffer);
+        }
         let buffer = d.units[u].reduce_buffer_bytes;
         if buffer > 0 {
             // The whole gradients are copied into the reduce-scatter input, then freed.

@@ -1,7 +1,10 @@
 //! Several GPUs, per rank, against the measured cases of `tests/data/reference-dist.json`
 //! (copied verbatim from `../shared/groundtruth/`, measured by its `measure_dist.py`: the tiny
 //! Llama in float32, batch 2 per rank, seq 128, AdamW, world 2, CPU processes with gloo).
-//! `dist-cases-cli.json` says how each case is asked of memest.
+//! `dist-cases-cli.json` says how each case is asked of memest. `extra-reference-dist.json` holds
+//! more plans measured the same way (`tools/dist_cases.json`: DDP with
+//! `gradient_as_bucket_view`, FSDP2 without `reshard_after_forward`, FSDP2 with a bfloat16
+//! `MixedPrecisionPolicy`, world 4), with the same checks.
 //!
 //! Per case, the rank with the largest peak is compared:
 //! - model states to the byte: parameters (this rank's shard), optimizer state, master weights
@@ -50,10 +53,20 @@ fn get(v: &Value, pointer: &str) -> u64 {
 #[test]
 fn measured_ranks() {
     let cases = load("tests/data/dist-cases-cli.json");
-    let reference = load("tests/data/reference-dist.json");
+    let mut records = load("tests/data/reference-dist.json")
+        .as_array()
+        .expect("list")
+        .clone();
+    records.extend(
+        load("tests/data/extra-reference-dist.json")
+            .as_array()
+            .expect("list")
+            .iter()
+            .cloned(),
+    );
     let mut failures = Vec::new();
     let mut table = String::new();
-    for rec in reference.as_array().expect("list") {
+    for rec in &records {
         let id = rec["id"].as_str().expect("id");
         let Some(args) = cases.get(id).and_then(Value::as_array) else {
             // Tensor parallelism is not modelled yet.
