@@ -11,7 +11,7 @@ use memest::cost::{Amp, Optimizer, OptimizerImpl, Quant, RecipeName};
 use memest::dtype::DType;
 use memest::hf::Head;
 use memest::report::Dimension;
-use memest::settings::{Lora, Overrides};
+use memest::settings::{Lora, Loss, Overrides};
 use memest::spec::Format;
 use memest::sweep::Sweep;
 use memest::units::{UnitSystem, parse_size};
@@ -69,9 +69,21 @@ pub struct Cli {
     #[arg(long, value_delimiter = ',', requires = "lora_rank")]
     lora_targets: Option<Vec<String>>,
     /// Inference over N tokens of context: --mode infer with a sequence length of N (the KV cache
-    /// of causal attention holds N tokens).
-    #[arg(long, value_parser = parse_positive, conflicts_with_all = ["mode", "seq"])]
+    /// of causal attention holds N tokens). --mode infer and --seq N agree with it.
+    #[arg(long, value_parser = parse_positive)]
     context: Option<u64>,
+    /// Text generation (`model.generate`) from a prompt of N tokens: --mode generate with a
+    /// sequence length of N. --mode generate and --seq N agree with it.
+    #[arg(long, value_parser = parse_positive)]
+    prompt: Option<u64>,
+    /// Tokens `generate` produces after the prompt (--mode generate; implies it).
+    #[arg(long, value_parser = parse_positive)]
+    new_tokens: Option<u64>,
+    /// How the loss is computed: ce (the model's own loss layer), none (no loss: the step ends
+    /// at the model's output), chunked-ce[:N] (torchtune's chunked cross-entropy: the LM head
+    /// and the loss in N pieces along the sequence, default 8) [default: ce]
+    #[arg(long, value_parser = parse_loss)]
+    loss: Option<Loss>,
     /// dtype of the inference KV cache (e.g. fp8, bfloat16); default: the activation dtype.
     #[arg(long, value_parser = parse_dtype)]
     kv_dtype: Option<DType>,
@@ -168,7 +180,7 @@ pub struct Cli {
         long,
         conflicts_with_all = [
             "batch", "seq", "optim", "optim_impl", "dtype", "group_size", "double_quant",
-            "lora_rank", "lora_targets", "context", "kv_dtype", "max_batch", "max_context",
+            "lora_rank", "lora_targets", "context", "prompt", "new_tokens", "loss", "kv_dtype", "max_batch", "max_context",
             "allow_long_context", "mode", "attention", "amp", "recipe", "checkpoint", "device",
             "expandable_segments", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
             "grad_accum", "optim_in_backward", "paged", "ema",
@@ -244,6 +256,10 @@ fn parse_dtype_arg(s: &str) -> Result<DtypeArg, String> {
 fn parse_dtype(s: &str) -> Result<DType, String> {
     s.parse()
         .map_err(|e: memest::dtype::DTypeParseError| e.to_string())
+}
+
+fn parse_loss(s: &str) -> Result<Loss, String> {
+    s.parse()
 }
 
 fn parse_sweep(s: &str) -> Result<Sweep, String> {
@@ -420,12 +436,15 @@ impl Cli {
     /// Resolves the flags into a [`Request`].
     ///
     /// # Errors
-    /// None today; flag combinations clap cannot check will be reported here.
+    /// Flag combinations clap cannot check: `--context` against a different `--mode` or
+    /// `--seq` (an agreeing one is accepted), `--sweep` against the size it sets.
     pub fn into_request(self) -> Result<Request> {
         if let Some(sweep) = &self.sweep {
             let given = match sweep.dimension {
                 Dimension::Batch => self.batch.is_some(),
-                Dimension::Context => self.seq.is_some() || self.context.is_some(),
+                Dimension::Context => {
+                    self.seq.is_some() || self.context.is_some() || self.prompt.is_some()
+                }
             };
             if given {
                 anyhow::bail!(
@@ -434,8 +453,50 @@ impl Cli {
                     sweep.name(),
                     match sweep.dimension {
                         Dimension::Batch => "batch",
-                        Dimension::Context => "seq/--context",
+                        Dimension::Context => "seq/--context/--prompt",
                     }
+                );
+            }
+        }
+        if let Some(n) = self.context {
+            if let Some(mode) = self.mode.filter(|m| *m != Mode::Infer) {
+                anyhow::bail!(
+                    "--context {n} is one inference pass over {n} tokens (--mode infer); it cannot be combined with --mode {mode} (drop one of them)"
+                );
+            }
+            if let Some(seq) = self.seq.filter(|s| *s != n) {
+                anyhow::bail!(
+                    "--context {n} sets the sequence length to {n}; it cannot be combined with --seq {seq} (drop one of them)"
+                );
+            }
+        }
+        if let Some(n) = self.prompt {
+            if let Some(c) = self.context {
+                anyhow::bail!(
+                    "--prompt {n} generates after a prompt (--mode generate) and --context {c} is one inference pass; give one of them"
+                );
+            }
+            if let Some(seq) = self.seq.filter(|s| *s != n) {
+                anyhow::bail!(
+                    "--prompt {n} sets the sequence length to {n}; it cannot be combined with --seq {seq} (drop one of them)"
+                );
+            }
+        }
+        let generate = self.prompt.is_some() || self.new_tokens.is_some();
+        if generate {
+            let flag = match (self.prompt, self.new_tokens) {
+                (Some(n), _) => format!("--prompt {n}"),
+                (None, Some(m)) => format!("--new-tokens {m}"),
+                (None, None) => unreachable!("generate"),
+            };
+            if let Some(mode) = self.mode.filter(|m| *m != Mode::Generate) {
+                anyhow::bail!(
+                    "{flag} belongs to text generation (--mode generate); it cannot be combined with --mode {mode} (drop one of them)"
+                );
+            }
+            if let Some(c) = self.context {
+                anyhow::bail!(
+                    "{flag} belongs to text generation (--mode generate) and --context {c} is one inference pass; give --prompt {c} instead"
                 );
             }
         }
@@ -454,12 +515,14 @@ impl Cli {
             Quant::resolve(base_quant, self.group_size, self.double_quant);
         let overrides = Overrides {
             batch: self.batch,
-            seq: self.context.or(self.seq),
+            seq: self.context.or(self.prompt).or(self.seq),
             dtype,
             optimizer: self.optim,
             optimizer_impl: self.optim_impl,
             mode: if self.context.is_some() {
                 Some(Mode::Infer)
+            } else if generate {
+                Some(Mode::Generate)
             } else {
                 self.mode
             },
@@ -494,6 +557,8 @@ impl Cli {
             optim_in_backward: self.optim_in_backward,
             paged: self.paged,
             ema: self.ema,
+            new_tokens: self.new_tokens,
+            loss: self.loss,
         };
         let search = if self.max_batch {
             Some(Dimension::Batch)
@@ -594,6 +659,39 @@ mod tests {
         assert_eq!(r.query.overrides.mode, Some(Mode::Infer));
         assert_eq!(r.query.search, Some(Dimension::Context));
         assert_eq!(r.query.budget, Some(1 << 30));
+    }
+
+    /// `--context N` agrees with `--mode infer` and `--seq N`; only a contradiction is refused,
+    /// naming the values given.
+    #[test]
+    fn context_accepts_agreeing_flags_and_names_contradictions() {
+        for args in [
+            &["--context", "8192", "--mode", "infer"][..],
+            &["--context", "8192", "--mode", "eval"],
+            &["--context", "8192", "--seq", "8192"],
+            &["--context", "8192", "--seq", "8192", "--mode", "inference"],
+        ] {
+            let r = request(args);
+            assert_eq!(r.query.overrides.seq, Some(8192), "{args:?}");
+            assert_eq!(r.query.overrides.mode, Some(Mode::Infer), "{args:?}");
+        }
+        let refused = |args: &[&str]| {
+            let mut argv = vec!["memest", "m.toml"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv)
+                .unwrap()
+                .into_request()
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused(&["--context", "8192", "--mode", "train"]),
+            "--context 8192 is one inference pass over 8192 tokens (--mode infer); it cannot be combined with --mode train (drop one of them)"
+        );
+        assert_eq!(
+            refused(&["--context", "8192", "--seq", "4096"]),
+            "--context 8192 sets the sequence length to 8192; it cannot be combined with --seq 4096 (drop one of them)"
+        );
     }
 
     #[test]

@@ -341,7 +341,69 @@ pub fn estimate_observed(
         // Without a "seq" dimension a sequence length sets nothing (a warning says so).
         settings.seq = None;
     }
+    if settings.mode == settings::Mode::Generate {
+        return estimate_generate(&model, &settings, budget, observe);
+    }
     let tape = trace::trace(&model, &settings)?;
     let sim = sim::simulate_observed(&tape, &settings, observe)?;
     Ok(Report::new(&model.name, &settings, &tape, &sim, budget))
+}
+
+/// `--mode generate`: `model.generate` as transformers runs it (`GenerationMixin._sample`): the
+/// prefill over the `seq`-token prompt, then `new_tokens - 1` decode steps, of which the last
+/// holds the largest cache (`seq + new_tokens - 2` tokens before it, one more after) and so is
+/// the decode phase's peak. Each is traced ([`trace::Pass`]) and simulated on its own; the report
+/// is the peaking phase's, with both peaks in [`Report::generation`].
+fn estimate_generate(
+    model: &graph::Model,
+    settings: &settings::Settings,
+    budget: Option<u64>,
+    observe: sim::Observe,
+) -> Result<Report, Error> {
+    let prompt = settings.seq.ok_or_else(|| {
+        Error::setting(
+            error::SettingKey::Mode,
+            "--mode generate needs a model with a \"seq\" input dimension (token ids)",
+        )
+    })?;
+    let new_tokens = settings.new_tokens.unwrap_or(1);
+    let overflow = || Error::Overflow("the generated sequence length".into());
+    let cached = prompt
+        .checked_add(new_tokens)
+        .and_then(|t| t.checked_sub(1))
+        .ok_or_else(overflow)?;
+    let prefill = trace::trace_pass(model, settings, trace::Pass::Prefill)?;
+    let prefill_sim = sim::simulate_observed(&prefill, settings, observe)?;
+    let decode = if new_tokens >= 2 {
+        let past = cached.checked_sub(1).ok_or_else(overflow)?;
+        let tape = trace::trace_pass(model, settings, trace::Pass::Decode { past })?;
+        let sim = sim::simulate_observed(&tape, settings, observe)?;
+        Some((tape, sim))
+    } else {
+        None
+    };
+    let decode_peak = decode.as_ref().map_or(0, |(_, s)| s.peak_bytes);
+    let (phase, tape, sim) = match &decode {
+        Some((tape, sim)) if decode_peak > prefill_sim.peak_bytes => {
+            (report::GenerationPhase::Decode, tape, sim)
+        }
+        _ => (report::GenerationPhase::Prefill, &prefill, &prefill_sim),
+    };
+    let mut report = Report::new(&model.name, settings, tape, sim, budget);
+    let final_tape = decode.as_ref().map_or(&prefill, |(t, _)| t);
+    report.kv_cache_bytes = final_tape
+        .storages
+        .iter()
+        .filter(|s| s.kind == trace::StorageKind::KvCache)
+        .map(|s| s.bytes)
+        .sum();
+    report.generation = Some(report::GenerationReport {
+        prompt_tokens: prompt,
+        new_tokens,
+        cached_tokens: cached,
+        prefill_peak_bytes: prefill_sim.peak_bytes,
+        decode_peak_bytes: decode_peak,
+        peak_phase: phase,
+    });
+    Ok(report)
 }

@@ -172,7 +172,14 @@ fn write_run(out: &mut String, r: &Report) -> fmt::Result {
         }
         Some(o) => write!(out, ", {o}, train")?,
         None if s.training() => write!(out, ", train, no optimizer")?,
-        None => write!(out, ", infer")?,
+        None => match &r.generation {
+            Some(g) => write!(
+                out,
+                ", generate {} new tokens after a {}-token prompt",
+                g.new_tokens, g.prompt_tokens
+            )?,
+            None => write!(out, ", infer")?,
+        },
     }
     write!(out, "; ")?;
     let attention = |k| matches!(k, LayerKind::Attention | LayerKind::CrossAttention);
@@ -445,6 +452,20 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
             write!(out, "; KV cache apart: {}", fmt(r.kv_cache_bytes))?;
         }
         writeln!(out, ")")?;
+    }
+    if let Some(g) = &r.generation {
+        write!(
+            out,
+            "generation: prefill peak {}; decode peak {}",
+            fmt(g.prefill_peak_bytes),
+            fmt(g.decode_peak_bytes)
+        )?;
+        writeln!(
+            out,
+            " (last step, {} cached tokens); the {} peaks",
+            g.cached_tokens,
+            g.peak_phase.title()
+        )?;
     }
     if let Some(b) = &r.budget {
         if b.fits {

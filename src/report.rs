@@ -113,6 +113,10 @@ pub struct Report {
     pub category_max: CategoryBytes,
     /// The budget check, when `--budget` was given.
     pub budget: Option<Budget>,
+    /// `--mode generate`: each phase's peak. The rest of the report describes the phase that
+    /// peaks (its forward pass), except `kv_cache_bytes`, the cache at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationReport>,
     /// One entry per layer (layers of repeated blocks once, with `repeat` copies).
     pub layers: Vec<LayerReport>,
     /// The `--max-batch`/`--max-context` search, when one ran: serialized as one top-level key,
@@ -203,6 +207,47 @@ impl SweepReport {
 #[must_use]
 pub fn sweep_json_schema() -> Schema {
     schemars::schema_for!(SweepReport)
+}
+
+/// The two phases of `model.generate` ([`crate::trace::Pass`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GenerationPhase {
+    /// The prompt's forward pass.
+    Prefill,
+    /// The last decode step (the largest cache).
+    Decode,
+}
+
+impl GenerationPhase {
+    /// Display name.
+    #[must_use]
+    pub const fn title(self) -> &'static str {
+        match self {
+            GenerationPhase::Prefill => "prefill",
+            GenerationPhase::Decode => "decode",
+        }
+    }
+}
+
+/// `--mode generate`: the prefill and the decode steps, each with its peak.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct GenerationReport {
+    /// Prompt tokens per sequence (the `seq`).
+    pub prompt_tokens: u64,
+    /// Tokens generated per sequence (`max_new_tokens`): one from the prefill's logits, one
+    /// from each of the `new_tokens - 1` decode steps.
+    pub new_tokens: u64,
+    /// Tokens in each layer's cache at the end: `prompt_tokens + new_tokens - 1` (the last
+    /// token is never fed back), fewer in a sliding window.
+    pub cached_tokens: u64,
+    /// Peak of the prefill (the prompt's forward and its next-token logits).
+    pub prefill_peak_bytes: u64,
+    /// Peak of the last decode step, the largest (0 when `new_tokens` is 1: no decode step).
+    pub decode_peak_bytes: u64,
+    /// Which phase peaks (`peak_bytes` is its peak).
+    pub peak_phase: GenerationPhase,
 }
 
 /// How many tensors `--explain` lists.
@@ -570,6 +615,7 @@ impl Report {
                 fits: total <= b,
                 overshoot_bytes: total.saturating_sub(b),
             }),
+            generation: None,
             layers,
             search: None,
             explain: sim.live_at_peak.as_ref().map(|live| explained(tape, live)),

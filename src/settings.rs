@@ -38,6 +38,8 @@ pub struct Overrides {
     pub optim_in_backward: bool,
     pub paged: bool,
     pub ema: Option<EmaPrecision>,
+    pub new_tokens: Option<u64>,
+    pub loss: Option<Loss>,
 }
 
 /// The precision of an EMA copy of the weights (`--ema`).
@@ -116,6 +118,106 @@ impl Quant {
     }
 }
 
+/// How the loss is computed (`--loss`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Loss {
+    /// The model's own loss layer, as written (`ce`, the default).
+    #[default]
+    Model,
+    /// No loss: the model's loss layer is left out and the step ends at its output (training
+    /// backpropagates `out.sum()`, which keeps nothing), as when the loss runs outside the
+    /// model or a fused kernel computes it.
+    None,
+    /// torchtune's chunked cross-entropy (`CEWithChunkedOutputLoss`, `torchtune/modules/loss/
+    /// ce_chunked_output_loss.py`, with `TransformerDecoder.chunked_output`): the LM head runs
+    /// on `chunks` pieces of the final hidden states (`h.tensor_split(chunks, dim=1)`), and each
+    /// piece's logits are upcast (`logits.float()`) and cross-entropied on their own, so only
+    /// one chunk's float32 copy and gradients exist at a time. torchtune's default is 8.
+    Chunked {
+        /// Number of chunks along the sequence.
+        chunks: u64,
+    },
+}
+
+impl Loss {
+    /// torchtune's `num_output_chunks`.
+    pub const DEFAULT_CHUNKS: u64 = 8;
+
+    /// Whether this is the default ([`Loss::Model`]).
+    #[must_use]
+    pub fn is_model(&self) -> bool {
+        *self == Loss::Model
+    }
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loss::Model => f.write_str("ce"),
+            Loss::None => f.write_str("none"),
+            Loss::Chunked { chunks } => write!(f, "chunked-ce:{chunks}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Loss {
+    type Err = String;
+
+    /// `ce` (alias `cross-entropy`, `model`), `none`, `chunked-ce` or `chunked-ce:N` (N ≥ 1),
+    /// any case, `_` for `-`.
+    fn from_str(s: &str) -> Result<Loss, String> {
+        let t = s.trim().to_ascii_lowercase().replace('_', "-");
+        let (name, chunks) = match t.split_once(':') {
+            Some((n, c)) => (n.to_string(), Some(c.trim().to_string())),
+            None => (t.clone(), None),
+        };
+        let loss = match name.as_str() {
+            "ce" | "cross-entropy" | "model" if chunks.is_none() => Loss::Model,
+            "none" if chunks.is_none() => Loss::None,
+            "chunked-ce" | "chunked-cross-entropy" => {
+                let chunks = match chunks {
+                    None => Loss::DEFAULT_CHUNKS,
+                    Some(c) => match c.parse::<u64>() {
+                        Ok(n) if n >= 1 => n,
+                        _ => {
+                            return Err(format!(
+                                "`{s}`: the chunk count after `chunked-ce:` must be a whole number of at least 1"
+                            ));
+                        }
+                    },
+                };
+                Loss::Chunked { chunks }
+            }
+            _ => {
+                return Err(format!(
+                    "unknown loss `{s}`, expected one of ce, none, chunked-ce, chunked-ce:N"
+                ));
+            }
+        };
+        Ok(loss)
+    }
+}
+
+impl Serialize for Loss {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl schemars::JsonSchema for Loss {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Loss".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "`--loss`: ce (the model's own), none, or chunked-ce:N (torchtune's chunked cross-entropy).",
+            "type": "string",
+            "pattern": "^(ce|none|chunked-ce:[1-9][0-9]*)$"
+        })
+    }
+}
+
 /// Fully resolved settings for one estimate.
 #[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Settings {
@@ -133,7 +235,7 @@ pub struct Settings {
     pub optimizer_impl: OptimizerImpl,
     /// Training or inference.
     pub mode: Mode,
-    /// Attention implementation.
+    /// Attention implementation (default: SDPA, `flash`, for every model).
     pub attention: AttentionImpl,
     /// Autocast precision, if any.
     pub amp: Option<Amp>,
@@ -147,6 +249,12 @@ pub struct Settings {
     pub quant: Option<Quant>,
     /// dtype of the inference KV cache (default: the activation dtype).
     pub kv_dtype: Option<DType>,
+    /// How the loss is computed (`--loss`); serialized only when not the model's own (`ce`).
+    #[serde(default, skip_serializing_if = "Loss::is_model")]
+    pub loss: Loss,
+    /// `--mode generate`: the tokens generated after the prompt (the prompt is `seq` tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tokens: Option<u64>,
     /// The precision recipe: named with `--recipe`, else derived from `dtype` and `amp`.
     /// `dtype` and `amp` always agree with it. Serialized as its name.
     #[serde(serialize_with = "recipe_name")]
@@ -187,7 +295,11 @@ fn is_one(n: &u64) -> bool {
 
 impl Settings {
     /// Resolves flags over file defaults over built-in defaults (batch 1, float32, AdamW,
-    /// train, eager attention, CUDA kernels).
+    /// train, SDPA attention, CUDA kernels). Attention defaults to `scaled_dot_product_attention`
+    /// ([`AttentionImpl::Flash`]) for every model, hand-written or a Hugging Face config, as
+    /// transformers 5 picks `sdpa` when `attn_implementation` is not given
+    /// (`PreTrainedModel._check_and_adjust_attn_implementation`); the kernel SDPA then runs
+    /// is the tracer's choice (e.g. the math path on the CPU with attention dropout).
     ///
     /// # Errors
     /// [`Error::Setting`] for an unknown optimizer, mode or attention name in the file, a zero
@@ -216,7 +328,7 @@ impl Settings {
         let attention = o
             .attention
             .or(defaults.attention)
-            .unwrap_or(AttentionImpl::Eager);
+            .unwrap_or(AttentionImpl::Flash);
         let optimizer_impl = match o.optimizer_impl.or(defaults.optimizer_impl) {
             Some(_) if mode != Mode::Train => OptimizerImpl::Foreach,
             Some(i) if !optimizer.is_torch_optim() => {
@@ -310,10 +422,26 @@ impl Settings {
             EmaPrecision::Weights => dtype,
             EmaPrecision::Float32 => DType::Float32,
         });
+        let new_tokens = match (mode, o.new_tokens.or(defaults.new_tokens)) {
+            (Mode::Generate, Some(0)) => {
+                return Err(Error::setting(
+                    SettingKey::Mode,
+                    "--new-tokens must be at least 1",
+                ));
+            }
+            (Mode::Generate, Some(n)) => Some(n),
+            (Mode::Generate, None) => {
+                return Err(Error::setting(
+                    SettingKey::Mode,
+                    "--mode generate needs the number of tokens to generate: give --new-tokens (or defaults.new_tokens)",
+                ));
+            }
+            (_, _) => None,
+        };
         if o.kv_dtype.is_some() && mode == Mode::Train {
             return Err(Error::setting(
                 SettingKey::KvDtype,
-                "--kv-dtype sets the inference KV cache: use it with --mode infer or --context",
+                "--kv-dtype sets the inference KV cache: use it with --mode infer, --context or --mode generate",
             ));
         }
         Ok(Settings {
@@ -330,6 +458,8 @@ impl Settings {
             lora: o.lora.clone(),
             quant: o.quant,
             kv_dtype: o.kv_dtype,
+            new_tokens,
+            loss: o.loss.unwrap_or_default(),
             recipe,
             parallel: o.parallel.clone().filter(|_| mode == Mode::Train),
             expandable_segments: o.expandable_segments,
@@ -422,6 +552,26 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn loss_names() {
+        assert_eq!("ce".parse(), Ok(Loss::Model));
+        assert_eq!("None".parse(), Ok(Loss::None));
+        assert_eq!("chunked_ce".parse(), Ok(Loss::Chunked { chunks: 8 }));
+        assert_eq!("chunked-ce:16".parse(), Ok(Loss::Chunked { chunks: 16 }));
+        assert!(
+            "chunked-ce:0"
+                .parse::<Loss>()
+                .unwrap_err()
+                .contains("at least 1")
+        );
+        assert!("ce:4".parse::<Loss>().is_err());
+        assert_eq!(
+            "fused".parse::<Loss>().unwrap_err(),
+            "unknown loss `fused`, expected one of ce, none, chunked-ce, chunked-ce:N"
+        );
+        assert_eq!(Loss::Chunked { chunks: 4 }.to_string(), "chunked-ce:4");
     }
 
     #[test]

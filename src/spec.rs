@@ -158,9 +158,12 @@ pub struct DefaultsSpec {
     /// How a `torch.optim` optimizer loops over its tensors: any `--optim-impl` name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub optimizer_impl: Option<OptimizerImpl>,
-    /// `train` or `infer` (aliases `inference`, `eval`).
+    /// `train`, `infer` (aliases `inference`, `eval`) or `generate`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    /// Tokens `generate` produces after the prompt (`--new-tokens`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_tokens: Option<u64>,
     /// `eager` or `flash` (alias `sdpa`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionImpl>,

@@ -146,6 +146,10 @@ pub enum Mode {
     /// A forward pass under `torch.no_grad()` in eval mode.
     #[value(alias = "inference", alias = "eval")]
     Infer,
+    /// Text generation as transformers' `model.generate` runs it: a prefill over the prompt
+    /// (`--prompt`), then one forward per new token (`--new-tokens`) as the KV cache grows.
+    #[value(alias = "generation", alias = "serve")]
+    Generate,
 }
 crate::vocab!(Mode, "mode");
 
@@ -184,17 +188,18 @@ mod tests {
     fn aliases_case_and_underscores() {
         assert_eq!(Mode::parse("inference"), Some(Mode::Infer));
         assert_eq!(Mode::parse("EVAL"), Some(Mode::Infer));
+        assert_eq!(Mode::parse("generation"), Some(Mode::Generate));
         assert_eq!(AttentionImpl::parse("SDPA"), Some(AttentionImpl::Flash));
         assert_eq!(Device::parse("cuda"), Some(Device::Cuda));
         assert_eq!(Device::parse("GPU"), Some(Device::Cuda));
         assert_eq!(Mode::parse("trian"), None);
         assert_eq!(
             Mode::unknown("trian"),
-            "unknown mode `trian` (did you mean `train`?), expected one of train, infer"
+            "unknown mode `trian` (did you mean `train`?), expected one of train, infer, generate"
         );
         assert_eq!(
             Mode::unknown("walk"),
-            "unknown mode `walk`, expected one of train, infer"
+            "unknown mode `walk`, expected one of train, infer, generate"
         );
     }
 

@@ -25,6 +25,8 @@ pub(super) struct Header {
     pub num_labels: Option<u64>,
     pub id2label: Option<Map<String, Value>>,
     pub tie_word_embeddings: Option<bool>,
+    /// `PretrainedConfig.use_cache` (default true): whether the model keeps a KV cache.
+    pub use_cache: Option<bool>,
 }
 
 /// Llama-style decoders (`LlamaConfig`, `MistralConfig`, `Qwen2MoeConfig`, `Olmo2Config`, …):

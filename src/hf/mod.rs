@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::dtype::DType;
 use crate::error::{Error, HfError};
-use crate::spec::{DefaultsSpec, DimSpec, InputSpec, ModelSpec};
+use crate::spec::{DefaultsSpec, DimSpec, InputSpec, LayerKind, LayerSpec, ModelSpec};
 use crate::vocab::AttentionImpl;
 
 mod bert;
@@ -367,7 +367,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         header,
     };
     let head = resolve_head(head, arch.as_deref(), family, &model_type)?;
-    let (layers, seq) = match family {
+    let (mut layers, seq) = match family {
         Family::Gpt2 => gpt2::gpt2(&cfg, head)?,
         Family::Bert => bert::bert(&cfg, head)?,
         Family::T5 => t5::t5(&cfg, head)?,
@@ -378,6 +378,9 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         Family::Bloom => ln_decoder::bloom(&cfg, head)?,
         Family::Decoder(row) => decoder::decoder(&cfg, row, head)?,
     };
+    if cfg.header.use_cache == Some(false) {
+        no_kv_cache(&mut layers);
+    }
     let mut dtype = None;
     for (key, value) in [
         ("torch_dtype", &cfg.header.torch_dtype),
@@ -432,6 +435,19 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         },
         layers,
     })
+}
+
+/// `use_cache: false` (`PretrainedConfig.use_cache`, which the model's forward reads as its
+/// default): no attention layer keeps a `DynamicCache`, as a TOML model's `kv_cache = false`.
+fn no_kv_cache(layers: &mut [LayerSpec]) {
+    for l in layers {
+        if l.kind == LayerKind::Attention {
+            l.kv_cache = Some(false);
+        }
+        if let Some(body) = &mut l.layers {
+            no_kv_cache(body);
+        }
+    }
 }
 
 /// The `model_type` of the family whose architecture prefix starts the first of

@@ -283,7 +283,8 @@ impl<'a> Replay<'a> {
             StorageKind::Parameter => Category::Parameters,
             StorageKind::Buffer => Category::Buffers,
             StorageKind::Input => Category::Input,
-            StorageKind::KvCache => Category::KvCache,
+            StorageKind::KvCache | StorageKind::PastKvCache => Category::KvCache,
+            StorageKind::Carried => Category::Activations,
             StorageKind::Activation => self.act_cat[s],
         }
     }
@@ -391,12 +392,17 @@ impl<'a> Replay<'a> {
     }
 
     /// Before the step: parameters, buffers, the input batch and its labels, the optimizer
-    /// state and master weights exist.
+    /// state and master weights exist, and so do a decode step's past caches and carried
+    /// tensors ([`StorageKind::PastKvCache`], [`StorageKind::Carried`]).
     pub(super) fn start(&mut self, state_bytes: u64, master_bytes: u64) {
         for (s, storage) in self.tape.storages.iter_enumerated() {
             if matches!(
                 storage.kind,
-                StorageKind::Parameter | StorageKind::Buffer | StorageKind::Input
+                StorageKind::Parameter
+                    | StorageKind::Buffer
+                    | StorageKind::Input
+                    | StorageKind::PastKvCache
+                    | StorageKind::Carried
             ) {
                 match self.dist.and_then(|d| d.resident.get(&s)) {
                     // A parameter on one rank of a sharded plan: its shard.
@@ -433,8 +439,12 @@ impl<'a> Replay<'a> {
             }
             self.check(Phase::Forward, Some(step.layer));
             for s in touched(tape, i) {
-                let free = tape.storages[s].kind == StorageKind::Activation
-                    && facts.last_use[s] <= i
+                let free = match tape.storages[s].kind {
+                    StorageKind::Activation => true,
+                    // Tensors from before the pass die at their last use; nothing saves them.
+                    StorageKind::PastKvCache | StorageKind::Carried => !training,
+                    _ => false,
+                } && facts.last_use[s] <= i
                     && !(training && facts.saved_fwd[s])
                     && !facts.held[s];
                 if free {

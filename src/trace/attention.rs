@@ -187,20 +187,29 @@ impl Tracer<'_> {
         // included unless gradient checkpointing turns it off: `DynamicCache.update` stores
         // `torch.cat`-ed copies of K and V, and attention reads those copies. In inference the
         // cache lives for the whole forward pass, in `--kv-dtype` if given, and a sliding window
-        // keeps only the last `sliding_window` tokens.
+        // keeps only the last `sliding_window` tokens. In a decode step ([`Pass::Decode`]) the
+        // cat joins the `past` tokens already cached (freed once copied) and this step's.
         let (k, v) = if (c.causal || cross)
             && c.kv_cache
             && !torch_mha
             && !(self.training() && self.s.checkpoint)
         {
+            let past = if cross {
+                0
+            } else {
+                c.sliding_window.map_or(self.past(), |w| self.past().min(w))
+            };
             let mut copies = Vec::new();
             for (t, what) in [(k, "key cache"), (v, "value cache")] {
                 let tv = self.val(t).clone();
+                let mut full = tv.shape.dims().to_vec();
+                full[2] = checked(full[2].checked_add(past), "the cached tokens")?;
+                let full = Shape::new(full);
                 let (kind, cache_shape, dt) = if self.training() {
                     (StorageKind::Activation, tv.shape.clone(), tv.dtype)
                 } else {
-                    let mut dims = tv.shape.dims().to_vec();
-                    if let Some(w) = c.sliding_window {
+                    let mut dims = full.dims().to_vec();
+                    if let Some(w) = c.sliding_window.filter(|_| past == 0) {
                         dims[2] = dims[2].min(w);
                     }
                     (
@@ -209,29 +218,47 @@ impl Tracer<'_> {
                         self.s.kv_dtype.unwrap_or(tv.dtype),
                     )
                 };
+                let mut inputs = Vec::new();
+                if past > 0 {
+                    let mut dims = tv.shape.dims().to_vec();
+                    dims[2] = past;
+                    let shape = Shape::new(dims);
+                    let old = self.storage(&shape, dt, StorageKind::PastKvCache, what)?;
+                    inputs.push(self.value(old, shape, dt, Layout::Contiguous, false, false));
+                }
+                inputs.push(t);
                 let cache = self.storage(&cache_shape, dt, kind, what)?;
                 // The cache is returned in the model's output (`past_key_values`), which the
                 // training loop holds until the step ends (`out = model(..)`, `out.loss.backward()`,
                 // `optimizer.step()`): in training too it outlives backward.
                 self.tape.held.push(cache);
-                let cv = if cache_shape == tv.shape && dt == tv.dtype {
+                let cv = if cache_shape == full && dt == tv.dtype {
                     // Attention reads the cache itself.
                     let cv = self.value(
                         cache,
-                        tv.shape.clone(),
+                        full.clone(),
                         tv.dtype,
                         Layout::Contiguous,
                         tv.requires_grad,
                         false,
                     );
-                    self.call(Call::new(AtenOp::Cat, vec![t], vec![cv]))?;
+                    self.call(Call::new(AtenOp::Cat, inputs, vec![cv]))?;
                     cv
                 } else {
-                    // A windowed or re-typed cache is written; attention reads this pass's K/V.
+                    // A windowed or re-typed cache is written; attention reads this pass's K/V
+                    // (with the past tokens, a joined copy in the activations' dtype).
                     self.call(
-                        Call::new(AtenOp::CacheUpdate, vec![t], Vec::new()).allocs(vec![cache]),
+                        Call::new(AtenOp::CacheUpdate, inputs.clone(), Vec::new())
+                            .allocs(vec![cache]),
                     )?;
-                    t
+                    if past > 0 {
+                        let joined =
+                            self.fresh(full.clone(), tv.dtype, "cached keys and values", false)?;
+                        self.call(Call::new(AtenOp::Cat, inputs, vec![joined]))?;
+                        joined
+                    } else {
+                        t
+                    }
                 };
                 copies.push(cv);
             }
@@ -239,9 +266,9 @@ impl Tracer<'_> {
         } else {
             (k, v)
         };
-        // `flash` models the fused kernel, which regenerates its dropout mask instead of keeping
-        // it. (PyTorch's CPU SDPA falls back to the math path, costing what eager does, when
-        // dropout is on: give such layers `--attention eager`.)
+        // `flash` (SDPA) models the kernel SDPA picks: a fused one, which regenerates its dropout
+        // mask instead of keeping it; on the CPU with attention dropout in training, the math
+        // path (`sdp_utils_cpp.cpp`: flash's `check_for_dropout` fails, math is next).
         let fused = torch_mha || self.s.attention == AttentionImpl::Flash;
         let bias = if c.position_bias {
             Some(self.position_bias.ok_or_else(|| self.err("`position_bias = true` needs a `relative_position_bias` layer earlier in the model".into()))?)
@@ -250,7 +277,14 @@ impl Tracer<'_> {
         } else {
             None
         };
-        let ctx = if fused {
+        let math = fused
+            && !torch_mha
+            && self.s.device == Device::Cpu
+            && self.training()
+            && c.dropout > 0.0;
+        let ctx = if math {
+            self.sdpa_math(q, k, v, c, bias)?
+        } else if fused {
             self.sdpa_flash(q, k, v, bias)?
         } else {
             self.sdpa_eager(q, k, v, c, bias)?
@@ -462,6 +496,107 @@ impl Tracer<'_> {
             qv.dtype,
             "context",
         )
+    }
+
+    /// SDPA's math path, `_scaled_dot_product_attention_math`
+    /// (`aten/src/ATen/native/transformers/attention.cpp`), which CPU SDPA runs when flash
+    /// cannot (`select_sdp_backend_cpp` in `sdp_utils_cpp.cpp`: attention dropout > 0 fails
+    /// `check_for_dropout`). Under autocast SDPA takes 16-bit copies of Q, K and V, and the math
+    /// path then computes in float32 whatever it was given in 16 bits (`query_acc =
+    /// query_.to(at::kFloat)`, likewise key and value, unless
+    /// `allowFP16BF16ReductionMathSDP`): Q and K^T are each scaled by √scale (new tensors,
+    /// keeping the dimension order of their inputs), `matmul` copies them to
+    /// `[B·heads, S, head_dim]` and `bmm` keeps both, `_safe_softmax` keeps its output, dropout
+    /// keeps its noise, the second `bmm` keeps the dropped probabilities and V, and the result is
+    /// cast back to the input's dtype. Grouped-query K and V are repeated first (transformers'
+    /// `repeat_kv` when it passes a mask, the math path's own `repeat_interleave` under
+    /// `enable_gqa`). Not modelled: the `[S, S_kv]` float causal mask built per call (`is_causal`),
+    /// added in place.
+    pub(super) fn sdpa_math(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        c: &AttentionCfg,
+        bias: Option<ValueId>,
+    ) -> Result<ValueId, Error> {
+        let q = self.autocast_input(q)?;
+        let k = self.autocast_input(k)?;
+        let v = self.autocast_input(v)?;
+        let origin = self.val(q).dtype;
+        let q = self.upcast_keep_layout(q)?;
+        let k = self.upcast_keep_layout(k)?;
+        let v = self.upcast_keep_layout(v)?;
+        let (k, v) = if c.kv_heads < c.heads {
+            (self.repeat_kv(k, c.heads)?, self.repeat_kv(v, c.heads)?)
+        } else {
+            (k, v)
+        };
+        let qv = self.val(q).clone();
+        let &[b, heads, s, hd] = qv.shape.dims() else {
+            unreachable!("heads view is rank 4")
+        };
+        let kv = self.val(k).clone();
+        let s_kv = kv.shape.dims()[2];
+        let qs = self.scaled_like(q)?;
+        let kt_layout = match kv.layout {
+            Layout::Contiguous => Layout::LastTwoSwapped,
+            _ => Layout::Strided,
+        };
+        let kt = self.view_op(
+            k,
+            Shape::from([b, heads, hd, s_kv]),
+            kt_layout,
+            AtenOp::Transpose,
+            true,
+        );
+        let ks = self.scaled_like(kt)?;
+        let qm = self.contiguous(qs)?;
+        // `bmm` reads a transposed contiguous operand as it is; anything else is copied.
+        let km = if self.val(ks).layout == Layout::LastTwoSwapped {
+            ks
+        } else {
+            self.contiguous(ks)?
+        };
+        let scores = self.bmm(qm, km, Shape::from([b, heads, s, s_kv]), qv.dtype, "scores")?;
+        let masked = match bias {
+            Some(bias) => self.add(&[scores, bias], false)?,
+            None => scores,
+        };
+        let probs = self.unary(masked, AtenOp::Softmax)?;
+        let probs = self.dropout(probs, c.dropout, false)?;
+        let vm = self.contiguous(v)?;
+        let ctx = self.bmm(
+            probs,
+            vm,
+            Shape::from([b, heads, s, hd]),
+            qv.dtype,
+            "context",
+        )?;
+        self.cast(ctx, origin)
+    }
+
+    /// `t.to(torch.float32)` of a 16-bit tensor, keeping its dimension order (`to` preserves
+    /// the strides of a dense tensor); other dtypes pass through.
+    fn upcast_keep_layout(&mut self, t: ValueId) -> Result<ValueId, Error> {
+        let layout = self.val(t).layout;
+        let up = self.upcast_f32(t)?;
+        if up != t {
+            self.tape.values[up].layout = layout;
+        }
+        Ok(up)
+    }
+
+    /// `t * scalar` into a new tensor that keeps the dimension order of a dense `t`
+    /// (TensorIterator's output follows its input's strides).
+    fn scaled_like(&mut self, t: ValueId) -> Result<ValueId, Error> {
+        let layout = self.val(t).layout;
+        let y = self.unary(t, AtenOp::MulScalar)?;
+        self.tape.values[y].layout = match layout {
+            Layout::HeadsStrided => Layout::HeadsTransposed,
+            l => l,
+        };
+        Ok(y)
     }
 
     /// `bmm` of two activations (as `matmul` runs it on batched operands): keeps both.

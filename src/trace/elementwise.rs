@@ -403,4 +403,107 @@ impl Tracer<'_> {
         self.tape.held.push(self.sid(loss));
         Ok(loss)
     }
+
+    /// The LM head and its cross-entropy as torchtune runs them with `CEWithChunkedOutputLoss`
+    /// ([`crate::settings::Loss::Chunked`]): the final hidden states `[B, S, H]` are split into
+    /// `chunks` pieces along the sequence (`tensor_split`: the first `S mod chunks` pieces one
+    /// token longer), the head (`linear`, its weight made once) runs on each piece, and each
+    /// piece's logits are upcast to float32 and cross-entropied on their own
+    /// (`F.cross_entropy(logits.float(), labels, reduction="sum")`, summed). Each piece of
+    /// logits is held, as the whole logits are without chunking. A piece of a batch of more
+    /// than one sequence is not contiguous, so `matmul` copies it for `mm` (which keeps the
+    /// copy). Each piece's backward (`slice_backward`) makes a zero gradient of the whole
+    /// hidden states, accumulated into one.
+    #[allow(clippy::too_many_arguments)] // the head's and the loss's settings
+    pub(super) fn chunked_head_loss(
+        &mut self,
+        head: &crate::graph::LinearCfg,
+        ce: &crate::graph::CrossEntropyCfg,
+        loss_layer: &Layer,
+        x: ValueId,
+        train: bool,
+        chunks: u64,
+        repeat: u64,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let &[b, s, h] = xv.shape.dims() else {
+            return Err(self.err(format!(
+                "--loss chunked-ce splits [batch, seq, hidden] states along the sequence; the head's input is {}",
+                xv.shape
+            )));
+        };
+        let weight = match &head.tie {
+            Some(tied) => self.tied(tied, head.out_features, h)?,
+            None => self.weight(Shape::from([head.out_features, h]), train, head.quantize)?,
+        };
+        let bias = if head.bias {
+            Some(self.param(Shape::from([head.out_features]), train)?)
+        } else {
+            None
+        };
+        let head_layer = self.cur_layer;
+        let chunks = chunks.min(s).max(1);
+        let labels = self.storage(
+            &Shape::from([b, s]),
+            DType::Int64,
+            StorageKind::Input,
+            "labels",
+        )?;
+        let mut target = labels;
+        let mut loss = x;
+        for i in 0..chunks {
+            self.cur_layer = head_layer;
+            let len = s / chunks + u64::from(i < s % chunks);
+            let layout = if b == 1 {
+                Layout::Contiguous
+            } else {
+                Layout::Strided
+            };
+            let piece = self.view_op(x, Shape::from([b, len, h]), layout, AtenOp::Narrow, false);
+            let piece = if layout == Layout::Strided {
+                self.contiguous(piece)?
+            } else {
+                piece
+            };
+            let logits = self.linear(piece, weight, bias, head.out_features)?;
+            self.tape.held.push(self.sid(logits));
+            self.enter_layer(loss_layer, &loss_layer.name, repeat);
+            let up = self.upcast_f32(logits)?;
+            let uv = self.val(up).clone();
+            let lp = self.fresh(
+                uv.shape.clone(),
+                uv.dtype,
+                "log-probabilities",
+                uv.requires_grad,
+            )?;
+            self.call(Call::new(AtenOp::LogSoftmax, vec![up], vec![lp]))?;
+            let piece_loss = self.fresh(Shape::default(), uv.dtype, "loss", uv.requires_grad)?;
+            let total_weight = self.storage(
+                &Shape::default(),
+                DType::Float32,
+                StorageKind::Activation,
+                "total_weight",
+            )?;
+            let mut allocs = vec![total_weight];
+            if ce.shift && i == 0 {
+                // The recipe shifts the labels by `hstack` with an ignore column: a new tensor.
+                target = self.storage(
+                    &Shape::from([b, s]),
+                    DType::Int64,
+                    StorageKind::Activation,
+                    "shifted labels",
+                )?;
+                allocs.push(target);
+            }
+            self.call(
+                Call::new(AtenOp::NllLoss, vec![lp], vec![piece_loss])
+                    .aux(vec![target, total_weight])
+                    .allocs(allocs),
+            )?;
+            self.tape.held.push(self.sid(piece_loss));
+            loss = piece_loss;
+        }
+        self.tape.has_loss = true;
+        Ok(loss)
+    }
 }

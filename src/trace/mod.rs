@@ -37,7 +37,7 @@ use crate::graph::{
     Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, Model, MoeCfg, Node, Op,
     QkNorm, RmsStyle,
 };
-use crate::settings::Settings;
+use crate::settings::{Loss, Settings};
 use crate::shape::Shape;
 use crate::spec::{DimSpec, Pair};
 use crate::vocab::{AttentionImpl, Device};
@@ -46,6 +46,31 @@ use crate::vocab::{AttentionImpl, Device};
 /// error rather than a hang.
 pub const MAX_STEPS: usize = 2_000_000;
 
+/// Which forward pass to trace: the step `settings` describe, or one forward call of
+/// transformers' `model.generate` (`GenerationMixin._sample` in `generation/utils.py`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pass {
+    /// The whole step: a training step or one inference forward pass.
+    #[default]
+    Step,
+    /// `generate`'s prefill: the prompt (`seq` tokens) in one forward. `generate` passes
+    /// `logits_to_keep = 1` when the model's forward takes it (`_supports_logits_to_keep`), so
+    /// the LM head runs on the last position only (`hidden_states[:, -1:, :]`); the causal
+    /// caches are filled with the prompt's keys and values; then `generate` takes a float32
+    /// copy of the last logits (`outputs.logits[:, -1].to(copy=True, dtype=torch.float32)`).
+    Prefill,
+    /// One decode step: one token per sequence, with `past` tokens already in each causal
+    /// layer's cache. `DynamicLayer.update` (`cache_utils.py`) grows the cache by
+    /// `torch.cat([self.keys, key_states], dim=-2)`: a new tensor of `past + 1` tokens, the old
+    /// one freed once replaced (so one layer's old keys or values are a transient copy). The
+    /// previous step's logits and their float32 copy stay alive until this step's replace them
+    /// (`outputs = model_forward(...)`, then `next_token_logits = ...`).
+    Decode {
+        /// Tokens in each cache before this step.
+        past: u64,
+    },
+}
+
 /// Traces `model` under `settings`.
 ///
 /// # Errors
@@ -53,8 +78,19 @@ pub const MAX_STEPS: usize = 2_000_000;
 /// layer, the shapes and what was expected), [`Error::Setting`] for a `"seq"` input without a
 /// sequence length, [`Error::Overflow`] when a size does not fit in 64 bits.
 pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
+    trace_pass(model, settings, Pass::Step)
+}
+
+/// Traces one [`Pass`] of `model` under `settings` ([`trace`] is [`Pass::Step`]). A
+/// [`Pass::Decode`] has one token per sequence, whatever `settings.seq` says.
+///
+/// # Errors
+/// As [`trace`]; [`Error::Setting`] when a generation pass's model does not end in
+/// `[batch, seq, vocab]` logits.
+pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape, Error> {
     let mut t = Tracer {
         s: settings,
+        pass,
         tape: Tape::default(),
         layer_index: HashMap::new(),
         cast_cache: HashMap::new(),
@@ -73,6 +109,7 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
     for d in &model.input_dims {
         dims.push(match d {
             DimSpec::Fixed(v) => *v,
+            DimSpec::Seq if matches!(pass, Pass::Decode { .. }) => 1,
             DimSpec::Seq => settings.seq.ok_or_else(|| {
                 Error::setting(SettingKey::Seq, "the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq")
             })?,
@@ -134,6 +171,10 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
             ));
         }
     }
+    if pass != Pass::Step {
+        t.next_token_logits(out)?;
+        return Ok(t.tape);
+    }
     if !t.tape.has_loss {
         let v = &t.tape.values[out];
         t.tape.held.push(v.storage);
@@ -149,6 +190,8 @@ pub fn trace(model: &Model, settings: &Settings) -> Result<Tape, Error> {
 
 struct Tracer<'a> {
     s: &'a Settings,
+    /// The forward pass traced.
+    pass: Pass,
     tape: Tape,
     /// Each graph layer's row in `tape.layers`, by the layer's address in the [`Model`] (every
     /// copy of a repeated block shares its layers' rows).
@@ -192,6 +235,75 @@ impl Tracer<'_> {
             view_grad: false,
             segment: self.segment,
         }
+    }
+
+    /// Tokens already in each causal cache ([`Pass::Decode`]), else 0.
+    fn past(&self) -> u64 {
+        match self.pass {
+            Pass::Decode { past } => past,
+            _ => 0,
+        }
+    }
+
+    /// What `generate` does with a forward's logits `[B, S, V]`: a float32 copy of the last
+    /// position, `[B, V]`, kept to pick the next token. In a decode step the previous step's
+    /// logits (`[B, 1, V]`, in the logits' dtype) live until this forward returns and their
+    /// float32 copy until the new one is made.
+    fn next_token_logits(&mut self, out: ValueId) -> Result<(), Error> {
+        let ov = self.val(out).clone();
+        let &[b, _, vocab] = ov.shape.dims() else {
+            return Err(Error::setting(
+                SettingKey::Mode,
+                format!(
+                    "--mode generate needs a model that ends in [batch, seq, vocab] logits (a causal-LM head); this one ends in {} {}",
+                    ov.dtype, ov.shape
+                ),
+            ));
+        };
+        let decode = matches!(self.pass, Pass::Decode { .. });
+        if decode {
+            let old = self.carried(ov.shape.clone(), ov.dtype, "previous logits")?;
+            self.keep_until_here(old);
+        }
+        let last = self.fresh(
+            Shape::from([b, vocab]),
+            DType::Float32,
+            "next-token logits",
+            false,
+        )?;
+        self.call(Call::new(AtenOp::ToCopy, vec![out], vec![last]))?;
+        self.tape.held.push(self.sid(last));
+        if decode {
+            let old = self.carried(
+                Shape::from([b, vocab]),
+                DType::Float32,
+                "previous next-token logits",
+            )?;
+            self.keep_until_here(old);
+        }
+        Ok(())
+    }
+
+    /// A tensor that exists before this forward and is freed after its last use
+    /// ([`StorageKind::Carried`]).
+    fn carried(
+        &mut self,
+        shape: Shape,
+        dtype: DType,
+        what: &'static str,
+    ) -> Result<ValueId, Error> {
+        let s = self.storage(&shape, dtype, StorageKind::Carried, what)?;
+        Ok(self.value(s, shape, dtype, Layout::Contiguous, false, false))
+    }
+
+    /// Keeps `v` alive up to this point (a step that reads it and computes nothing).
+    fn keep_until_here(&mut self, v: ValueId) {
+        let keep = Step {
+            op: AtenOp::Return,
+            inputs: vec![v],
+            ..self.blank()
+        };
+        self.tape.steps.push(keep);
     }
 
     fn err(&self, message: String) -> Error {
@@ -395,9 +507,26 @@ impl Tracer<'_> {
         repeat: u64,
     ) -> Result<ValueId, Error> {
         let mut prev = input;
-        for layer in layers {
+        let mut chunked_loss_done = false;
+        for (i, layer) in layers.iter().enumerate() {
             self.label.clone_from(&layer.label);
-            let inputs: Vec<ValueId> = layer
+            if chunked_loss_done {
+                // The loss layer ran with the chunked head.
+                scopes
+                    .last_mut()
+                    .expect("scope")
+                    .insert(layer.name.clone(), prev);
+                continue;
+            }
+            if self.s.loss == Loss::None && matches!(layer.node, Node::Op(Op::CrossEntropy(_))) {
+                // `--loss none`: the step ends at the model's output.
+                scopes
+                    .last_mut()
+                    .expect("scope")
+                    .insert(layer.name.clone(), prev);
+                continue;
+            }
+            let mut inputs: Vec<ValueId> = layer
                 .inputs
                 .iter()
                 .map(|r| match r {
@@ -415,12 +544,52 @@ impl Tracer<'_> {
                     self.err("a layer follows the loss: the loss must be the last layer".into())
                 );
             }
+            if self.pass == Pass::Prefill
+                && prefix.is_empty()
+                && matches!(layer.node, Node::Op(Op::Linear(_)))
+                && layers
+                    .get(i + 1)
+                    .is_none_or(|next| matches!(next.node, Node::Op(Op::CrossEntropy(_))))
+            {
+                inputs[0] = self.last_position(inputs[0]);
+            }
             let path = if prefix.is_empty() {
                 layer.name.clone()
             } else {
                 format!("{prefix}.{}", layer.name)
             };
+            let chunked = match (&layer.node, layers.get(i + 1).map(|n| &n.node), self.s.loss) {
+                (
+                    Node::Op(Op::Linear(head)),
+                    Some(Node::Op(Op::CrossEntropy(ce))),
+                    Loss::Chunked { chunks },
+                ) if prefix.is_empty() && self.training() => Some((head, ce, chunks)),
+                _ => None,
+            };
             let out = match &layer.node {
+                Node::Op(_) if let Some((head, ce, chunks)) = chunked => {
+                    self.enter_layer(layer, &path, repeat);
+                    let first_param = self.tape.params.len();
+                    let first_storage = self.tape.storages.next_key();
+                    let loss_layer = &layers[i + 1];
+                    let out = self.chunked_head_loss(
+                        head,
+                        ce,
+                        loss_layer,
+                        inputs[0],
+                        layer.trainable,
+                        chunks,
+                        repeat,
+                    )?;
+                    let head_layer = self.layer_index[&std::ptr::from_ref(layer).addr()];
+                    let loss_layer_id = self.cur_layer;
+                    self.cur_layer = head_layer;
+                    self.note_params(first_param, first_storage);
+                    self.tape.layers[head_layer].output_shape = self.val(inputs[0]).shape.clone();
+                    self.cur_layer = loss_layer_id;
+                    chunked_loss_done = true;
+                    out
+                }
                 Node::Op(op) => {
                     self.enter_layer(layer, &path, repeat);
                     let out = self.op(op, layer, &inputs)?;
@@ -525,6 +694,23 @@ impl Tracer<'_> {
             prev = out;
         }
         Ok(prev)
+    }
+
+    /// `hidden_states[:, -1:, :]`, the LM head's input under `logits_to_keep = 1`
+    /// (`LlamaForCausalLM.forward`: `slice_indices = slice(-logits_to_keep, None)`): a view of
+    /// one position per sequence, which `linear` reads without a copy. Other ranks pass through.
+    fn last_position(&mut self, x: ValueId) -> ValueId {
+        let xv = self.val(x).clone();
+        match *xv.shape.dims() {
+            [b, s, h] if s > 1 => self.view_op(
+                x,
+                Shape::from([b, 1, h]),
+                Layout::Contiguous,
+                AtenOp::Narrow,
+                false,
+            ),
+            _ => x,
+        }
     }
 
     fn enter_layer(&mut self, layer: &Layer, path: &str, repeat: u64) {

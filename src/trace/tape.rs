@@ -69,6 +69,12 @@ pub enum StorageKind {
     Activation,
     /// Keys and values cached by causal attention in inference (transformers' `use_cache`).
     KvCache,
+    /// A decode step's cache before the step: live from the start, freed once `torch.cat`
+    /// has copied it into the grown cache ([`super::Pass::Decode`]).
+    PastKvCache,
+    /// Another tensor that exists before the forward pass and is freed after its last use
+    /// (a decode step's previous logits).
+    Carried,
 }
 
 /// One allocation.

@@ -310,9 +310,16 @@ fn gpt2_activations_formula_matches_the_measurements() {
 
 #[test]
 fn checkpointing_lowers_gpt2_activations() {
-    // CPU figures (`gpt2_activations` counts CPU dropout's noise tensors).
-    let plain = report(&["examples/gpt2.toml", "--device", "cpu"]);
-    let ckpt = report(&["examples/gpt2.toml", "--device", "cpu", "--checkpoint"]);
+    // CPU figures (`gpt2_activations` counts CPU dropout's noise tensors), eager attention.
+    let plain = report(&["examples/gpt2.toml", "--device", "cpu", "--attention", "eager"]);
+    let ckpt = report(&[
+        "examples/gpt2.toml",
+        "--device",
+        "cpu",
+        "--attention",
+        "eager",
+        "--checkpoint",
+    ]);
     // Each of the 12 checkpointed blocks keeps only its [4, 256, 768] float32 input; what lies
     // outside the blocks is kept as without checkpointing (see `gpt2_activations`). This is the
     // measured gpt2-b4-s256-fp32-adamw-ckpt figure, 253,057,028 bytes (measured with flash
@@ -334,9 +341,17 @@ fn checkpointing_lowers_gpt2_activations() {
 
 #[test]
 fn seq_flag_overrides_the_file() {
-    let v = report(&["examples/gpt2.toml", "--device", "cpu", "--seq", "128"]);
+    let v = report(&[
+        "examples/gpt2.toml",
+        "--device",
+        "cpu",
+        "--seq",
+        "128",
+        "--attention",
+        "eager",
+    ]);
     assert_eq!(v["input_shape"], serde_json::json!([4, 128]));
-    let base = report(&["examples/gpt2.toml", "--device", "cpu"]);
+    let base = report(&["examples/gpt2.toml", "--device", "cpu", "--attention", "eager"]);
     assert_eq!(base["input_shape"], serde_json::json!([4, 256]));
     assert_eq!(u(&v, "activations_bytes"), gpt2_activations(4, 128, false));
     assert_eq!(
@@ -347,6 +362,8 @@ fn seq_flag_overrides_the_file() {
 
 #[test]
 fn attention_flag_changes_what_is_kept() {
+    // The fused kernel runs without attention dropout (with it the CPU runs SDPA's math path):
+    // the GPT-2 of the measured SDPA cases, `attn_pdrop = 0`.
     let eager = report(&[
         "examples/gpt2.toml",
         "--device",
@@ -355,7 +372,7 @@ fn attention_flag_changes_what_is_kept() {
         "eager",
     ]);
     let flash = report(&[
-        "examples/gpt2.toml",
+        "tests/fixtures/gpt2_attn_pdrop0.toml",
         "--device",
         "cpu",
         "--attention",

@@ -312,6 +312,10 @@ fn olmo2_normalizes_after_attention_and_mlp_and_over_the_whole_projection() {
 const FROM_CONFIG: &[(&str, &str)] = &[
     ("examples/llama_tiny.toml", "examples/hf/llama_tiny.json"),
     ("examples/gpt2.toml", "examples/hf/gpt2.json"),
+    (
+        "tests/fixtures/gpt2_attn_pdrop0.toml",
+        "tests/fixtures/hf/gpt2_attn_pdrop0.json",
+    ),
     ("examples/bert_base.toml", "examples/hf/bert_base_cls.json"),
     (
         "tests/fixtures/extra/t5_tiny_relu.toml",

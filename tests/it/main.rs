@@ -31,4 +31,5 @@ mod properties;
 mod recipes;
 mod reference;
 mod schema;
+mod serve;
 mod snapshots;

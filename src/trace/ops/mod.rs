@@ -147,7 +147,7 @@ impl Tracer<'_> {
     }
 
     /// The weight of the embedding called `name` (`tie`), checked to be `[rows, cols]`.
-    fn tied(&self, name: &str, rows: u64, cols: u64) -> Result<ValueId, Error> {
+    pub(super) fn tied(&self, name: &str, rows: u64, cols: u64) -> Result<ValueId, Error> {
         let w = *self.embeddings.get(name).ok_or_else(|| {
             self.err(format!(
                 "`tie` names `{name}`, which is not an embedding traced before this layer"
