@@ -249,3 +249,25 @@ fn generate_matches_model_generate() {
     assert_eq!(code(&out), 2);
     assert!(crate::common::stderr(&out).contains("--new-tokens"));
 }
+
+/// A long generation from a short prompt peaks in decode: the tiny Llama, batch 1, an 8-token
+/// prompt and 128 new tokens measured 88,439,704 B in the prefill and 88,688,488 B in the last
+/// decode step (the cache: 135 tokens, 276,480 B).
+#[test]
+fn long_generation_peaks_in_decode() {
+    let r = report(&[
+        LLAMA_TINY,
+        "--prompt",
+        "8",
+        "--new-tokens",
+        "128",
+        "--batch",
+        "1",
+    ]);
+    let g = &r["generation"];
+    assert_eq!(g["peak_phase"], "decode");
+    assert_eq!(u(&r, "kv_cache_bytes"), 276_480);
+    within(u(g, "prefill_peak_bytes"), 88_439_704, 0.5, "prefill peak");
+    within(u(g, "decode_peak_bytes"), 88_688_488, 0.1, "decode peak");
+    assert_eq!(u(&r, "peak_bytes"), u(g, "decode_peak_bytes"));
+}
