@@ -311,7 +311,13 @@ fn gpt2_activations_formula_matches_the_measurements() {
 #[test]
 fn checkpointing_lowers_gpt2_activations() {
     // CPU figures (`gpt2_activations` counts CPU dropout's noise tensors), eager attention.
-    let plain = report(&["examples/gpt2.toml", "--device", "cpu", "--attention", "eager"]);
+    let plain = report(&[
+        "examples/gpt2.toml",
+        "--device",
+        "cpu",
+        "--attention",
+        "eager",
+    ]);
     let ckpt = report(&[
         "examples/gpt2.toml",
         "--device",
@@ -351,7 +357,13 @@ fn seq_flag_overrides_the_file() {
         "eager",
     ]);
     assert_eq!(v["input_shape"], serde_json::json!([4, 128]));
-    let base = report(&["examples/gpt2.toml", "--device", "cpu", "--attention", "eager"]);
+    let base = report(&[
+        "examples/gpt2.toml",
+        "--device",
+        "cpu",
+        "--attention",
+        "eager",
+    ]);
     assert_eq!(base["input_shape"], serde_json::json!([4, 256]));
     assert_eq!(u(&v, "activations_bytes"), gpt2_activations(4, 128, false));
     assert_eq!(

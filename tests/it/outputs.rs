@@ -68,11 +68,18 @@ fn explain_lists_the_largest_live_tensors() {
 }
 
 /// The copies of a repeated block's tensor are one entry with their count: GPT-2 (12 blocks,
-/// batch 4, seq 256) keeps each block's attention probabilities `[4, 12, 256, 256]` f32
+/// batch 4, seq 256, eager attention) keeps each block's attention probabilities `[4, 12, 256, 256]` f32
 /// (12 MiB) at its backward peak, 12 of them: 144 MiB.
 #[test]
 fn explain_counts_the_copies_of_a_block() {
-    let r = report(&["examples/gpt2.toml", "--batch", "4", "--explain"]);
+    let r = report(&[
+        "examples/gpt2.toml",
+        "--batch",
+        "4",
+        "--attention",
+        "eager",
+        "--explain",
+    ]);
     let e = r["explain"].as_array().unwrap();
     let softmax = e
         .iter()
@@ -83,7 +90,14 @@ fn explain_counts_the_copies_of_a_block() {
     assert_eq!(u(softmax, "count"), 12);
     assert_eq!(u(softmax, "total_bytes"), 12 * 12 * (1 << 20));
     // The table shows the same list.
-    let out = memest(&["examples/gpt2.toml", "--batch", "4", "--explain"]);
+    let out = memest(&[
+        "examples/gpt2.toml",
+        "--batch",
+        "4",
+        "--attention",
+        "eager",
+        "--explain",
+    ]);
     assert_eq!(code(&out), 0);
     assert!(stdout(&out).contains("│ output                        ┆ h.attn     ┆ _softmax       ┆ [4, 12, 256, 256] ┆ f32   ┆ 12.00 MiB ┆ 12 ┆ 144.0 MiB ┆ Activations │"), "{}", stdout(&out));
 }

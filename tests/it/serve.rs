@@ -14,6 +14,13 @@ const LLAMA_TINY: &str = "examples/hf/llama_tiny.json";
 const BERT_TINY_MLM: &str = "tests/fixtures/hf/bert_tiny_mlm.json";
 const LLAMA_SMALL: &str = "tests/fixtures/serve/llama_small.json";
 
+/// `report` on PyTorch's CPU kernels, where the figures were measured.
+fn cpu_report(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["--device", "cpu"]);
+    report(&all)
+}
+
 fn within(est: u64, truth: u64, pct: f64, what: &str) {
     let e = err_pct(est, truth);
     assert!(
@@ -26,7 +33,7 @@ fn within(est: u64, truth: u64, pct: f64, what: &str) {
 /// contradiction is refused naming the values given.
 #[test]
 fn context_accepts_agreeing_flags() {
-    let a = report(&[LLAMA_TINY, "--context", "2048"]);
+    let a = cpu_report(&[LLAMA_TINY, "--context", "2048"]);
     for args in [
         &[LLAMA_TINY, "--mode", "infer", "--context", "2048"][..],
         &[LLAMA_TINY, "--seq", "2048", "--context", "2048"],
@@ -53,17 +60,20 @@ fn context_accepts_agreeing_flags() {
 fn use_cache_false_in_a_config_turns_the_cache_off() {
     let text = std::fs::read_to_string(crate::common::path(LLAMA_TINY)).unwrap();
     let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let on = report(&[LLAMA_TINY, "--context", "512"]);
+    let on = cpu_report(&[LLAMA_TINY, "--context", "512"]);
     assert_eq!(u(&on, "kv_cache_bytes"), 1 << 20);
     config["use_cache"] = serde_json::Value::Bool(false);
     let file = TempModel::new("json", &config.to_string());
-    let off = report(&[file.arg(), "--context", "512"]);
+    let off = cpu_report(&[file.arg(), "--context", "512"]);
     assert_eq!(u(&off, "kv_cache_bytes"), 0);
     assert!(u(&off, "peak_bytes") < u(&on, "peak_bytes"));
     config["use_cache"] = serde_json::Value::Bool(true);
     let file = TempModel::new("json", &config.to_string());
     assert_eq!(
-        u(&report(&[file.arg(), "--context", "512"]), "kv_cache_bytes"),
+        u(
+            &cpu_report(&[file.arg(), "--context", "512"]),
+            "kv_cache_bytes"
+        ),
         1 << 20
     );
 }
@@ -73,7 +83,7 @@ fn use_cache_false_in_a_config_turns_the_cache_off() {
 #[test]
 fn attention_defaults_to_sdpa_for_every_model() {
     for model in ["examples/gpt2.toml", "examples/hf/gpt2.json"] {
-        let r = report(&[model]);
+        let r = cpu_report(&[model]);
         assert_eq!(r["settings"]["attention"], "flash", "{model}");
         let out = memest(&[model]);
         assert!(
@@ -84,7 +94,7 @@ fn attention_defaults_to_sdpa_for_every_model() {
     }
     let toml = "[input]\nshape = [\"seq\"]\ndtype = \"int64\"\n[defaults]\nseq = 16\n[[layers]]\nkind = \"embedding\"\nnum_embeddings = 100\nembedding_dim = 64\n[[layers]]\nkind = \"attention\"\nheads = 4\n";
     let file = TempModel::new("toml", toml);
-    assert_eq!(report(&[file.arg()])["settings"]["attention"], "flash");
+    assert_eq!(cpu_report(&[file.arg()])["settings"]["attention"], "flash");
 }
 
 /// CPU SDPA with attention dropout runs the math path, which computes in float32 what autocast
@@ -104,7 +114,7 @@ fn cpu_sdpa_with_dropout_runs_the_math_path_in_float32() {
         "adamw",
     ];
     let amp: Vec<&str> = args.iter().copied().chain(["--amp", "bf16"]).collect();
-    let r = report(&amp);
+    let r = cpu_report(&amp);
     assert_eq!(u(&r, "activations_bytes"), 11_903_492);
     within(u(&r, "peak_bytes"), 31_403_408, 0.1, "peak, autocast");
     let eager: Vec<&str> = amp
@@ -112,9 +122,9 @@ fn cpu_sdpa_with_dropout_runs_the_math_path_in_float32() {
         .copied()
         .chain(["--attention", "eager"])
         .collect();
-    assert_eq!(u(&report(&eager), "activations_bytes"), 10_330_628);
+    assert_eq!(u(&cpu_report(&eager), "activations_bytes"), 10_330_628);
     // float32, no autocast: 11,522,564 B saved, 31,534,480 B peak measured.
-    let r = report(&args);
+    let r = cpu_report(&args);
     assert_eq!(u(&r, "activations_bytes"), 11_522_564);
     within(u(&r, "peak_bytes"), 31_534_480, 0.1, "peak, float32");
 }
@@ -136,7 +146,7 @@ fn chunked_cross_entropy_matches_torchtune() {
         "--optim",
         "adamw",
     ];
-    let whole = report(&args);
+    let whole = cpu_report(&args);
     assert_eq!(u(&whole, "activations_bytes"), 13_745_156);
     within(u(&whole, "peak_bytes"), 65_886_876, 0.1, "peak, unchunked");
     let chunked: Vec<&str> = args
@@ -144,7 +154,7 @@ fn chunked_cross_entropy_matches_torchtune() {
         .copied()
         .chain(["--loss", "chunked-ce:8"])
         .collect();
-    let r = report(&chunked);
+    let r = cpu_report(&chunked);
     within(
         u(&r, "activations_bytes"),
         13_745_192,
@@ -159,7 +169,7 @@ fn chunked_cross_entropy_matches_torchtune() {
         .copied()
         .chain(["--loss", "chunked-ce"])
         .collect();
-    assert_eq!(u(&report(&default), "peak_bytes"), u(&r, "peak_bytes"));
+    assert_eq!(u(&cpu_report(&default), "peak_bytes"), u(&r, "peak_bytes"));
 }
 
 /// `--loss none` leaves the loss out: no float32 log-probabilities `[256, 8000]` (8,192,000 B),
@@ -179,7 +189,7 @@ fn no_loss_keeps_nothing_for_it() {
     ];
     let none: Vec<&str> = args.iter().copied().chain(["--loss", "none"]).collect();
     assert_eq!(
-        u(&report(&args), "activations_bytes") - u(&report(&none), "activations_bytes"),
+        u(&cpu_report(&args), "activations_bytes") - u(&cpu_report(&none), "activations_bytes"),
         8_192_000 + 2_048 + 4
     );
 }
@@ -200,7 +210,7 @@ fn generate_matches_model_generate() {
         "--batch",
         "2",
     ];
-    let r = report(&args);
+    let r = cpu_report(&args);
     let g = &r["generation"];
     assert_eq!(r["settings"]["mode"], "generate");
     assert_eq!(u(g, "prompt_tokens"), 256);
@@ -212,7 +222,7 @@ fn generate_matches_model_generate() {
     assert_eq!(u(&r, "peak_bytes"), u(g, "prefill_peak_bytes"));
     // The prefill computes logits for the last position only: `--context 256` holds all 256
     // positions' `[2, 256, 32000]` bf16 logits (32,768,000 B), the prefill one per sequence.
-    let context = report(&[LLAMA_TINY, "--context", "256", "--batch", "2"]);
+    let context = cpu_report(&[LLAMA_TINY, "--context", "256", "--batch", "2"]);
     assert!(u(&context, "peak_activations_bytes") >= 32_768_000);
     assert!(u(&r, "peak_activations_bytes") < 32_768_000 / 4);
     let out = memest(&args);
@@ -223,7 +233,7 @@ fn generate_matches_model_generate() {
         stdout(&out)
     );
     // `--mode generate --seq 256` is the same request; a different --seq is refused.
-    let same = report(&[
+    let same = cpu_report(&[
         LLAMA_TINY,
         "--mode",
         "generate",
@@ -255,7 +265,7 @@ fn generate_matches_model_generate() {
 /// decode step (the cache: 135 tokens, 276,480 B).
 #[test]
 fn long_generation_peaks_in_decode() {
-    let r = report(&[
+    let r = cpu_report(&[
         LLAMA_TINY,
         "--prompt",
         "8",
