@@ -375,8 +375,10 @@ impl Tracer<'_> {
     /// (`derivatives.yaml` `_scaled_dot_product_flash_attention(_for_cpu)`). On the CPU the
     /// output is allocated with the query's dimension order (`empty_like`). On CUDA the kernel
     /// is [`cuda_sdpa_kernel`]'s: cuDNN allocates the output with the query's dimension order
-    /// too (`alloc_with_matching_layout`, `aten/src/ATen/native/cudnn/MHA.cpp`); the
-    /// memory-efficient kernel lays it out `[B, S, heads, head_dim]` and pads its log-sum-exp to
+    /// too (`alloc_with_matching_layout`, `aten/src/ATen/native/cudnn/MHA.cpp`); flash
+    /// (`empty_like` of the query transposed to `[B, S, heads, head_dim]`, `flash_api.cpp`) and
+    /// the memory-efficient kernel lay it out `[B, S, heads, head_dim]`, and the latter pads its
+    /// log-sum-exp to
     /// `[B, heads, ⌈S/32⌉·32]` (`_efficient_attention_forward`,
     /// `aten/src/ATen/native/transformers/cuda/attention.cu`).
     pub(super) fn sdpa_flash(
@@ -395,11 +397,15 @@ impl Tracer<'_> {
         };
         let rg = qv.requires_grad || self.rg(k) || self.rg(v);
         let kernel = match self.s.device {
-            Device::Cuda => Some(cuda_sdpa_kernel(qv.dtype)),
+            Device::Cuda => Some(cuda_sdpa_kernel(
+                qv.dtype,
+                bias.map(|m| self.rg(m)),
+                EMULATED_SM,
+            )),
             Device::Cpu => None,
         };
         let layout = match (kernel, qv.layout) {
-            (Some(CudaSdpa::Efficient), _) => Layout::HeadsTransposed,
+            (Some(CudaSdpa::Efficient | CudaSdpa::Flash), _) => Layout::HeadsTransposed,
             (
                 None | Some(CudaSdpa::Cudnn),
                 l @ (Layout::HeadsTransposed | Layout::SeqFirst | Layout::Contiguous),
@@ -414,7 +420,7 @@ impl Tracer<'_> {
                 s.div_ceil(32).checked_mul(32),
                 "the padded log-sum-exp length",
             )?,
-            None | Some(CudaSdpa::Cudnn) => s,
+            None | Some(CudaSdpa::Cudnn | CudaSdpa::Flash) => s,
         };
         let out_s = self.storage(
             &qv.shape,
@@ -660,20 +666,65 @@ impl Tracer<'_> {
 /// `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CudaSdpa {
-    /// `_scaled_dot_product_cudnn_attention`: first in the priority order on sm90/sm100 with
-    /// cuDNN ≥ 9.15, for 16-bit inputs.
+    /// `_scaled_dot_product_cudnn_attention`: first in the priority order on sm90 and sm100
+    /// (with cuDNN newer than 9.15), for 16-bit inputs, with or without a mask.
     Cudnn,
-    /// `_scaled_dot_product_efficient_attention`: what float32 inputs get (neither cuDNN nor
-    /// flash take them).
+    /// `_scaled_dot_product_flash_attention`: first elsewhere from sm80 on, for 16-bit inputs
+    /// without a mask.
+    Flash,
+    /// `_scaled_dot_product_efficient_attention`: float32 inputs, masks where cuDNN is not
+    /// first, and every GPU before sm80 (V100, T4).
     Efficient,
 }
 
-/// The kernel for inputs of `dtype` on the GPU the measured CUDA figures emulate (H100, sm 9.0,
-/// cuDNN 9.26): cuDNN for bfloat16 and float16, memory-efficient for float32. Head sizes,
-/// masks and dropout within the cases memest models do not change the choice.
-fn cuda_sdpa_kernel(dtype: DType) -> CudaSdpa {
-    match dtype {
-        DType::Bfloat16 | DType::Float16 => CudaSdpa::Cudnn,
-        _ => CudaSdpa::Efficient,
+/// The compute capability (major, minor) whose kernel choice the CUDA path models: the H100
+/// (sm 9.0) that `tools/measure_fake_cuda.py` emulates for the measured CUDA figures.
+const EMULATED_SM: (u32, u32) = (9, 0);
+
+/// The kernel for inputs of `dtype` on a GPU of compute capability `sm`, with a float mask when
+/// `mask` is `Some(requires_grad)`, in `select_sdp_backend`'s order: cuDNN first on sm90/sm100
+/// (`minor` 0 or 3; not for a mask that requires grad, such as T5's learned position bias),
+/// then flash, then memory-efficient (`sdp_utils.cpp`: `check_prefer_cudnn_attention`,
+/// `can_use_cudnn_attention`, `can_use_flash_attention` — 16-bit inputs on sm80 to sm121, no
+/// mask — and `can_use_mem_efficient_attention`). Head sizes and dropout within the cases
+/// memest models do not change the choice.
+fn cuda_sdpa_kernel(dtype: DType, mask: Option<bool>, sm: (u32, u32)) -> CudaSdpa {
+    let half = matches!(dtype, DType::Bfloat16 | DType::Float16);
+    let fused_16bit = half && (8, 0) <= sm && sm <= (12, 1);
+    let cudnn_first = matches!(sm.0, 9 | 10) && matches!(sm.1, 0 | 3);
+    if fused_16bit && cudnn_first && mask != Some(true) {
+        CudaSdpa::Cudnn
+    } else if fused_16bit && mask.is_none() {
+        CudaSdpa::Flash
+    } else {
+        CudaSdpa::Efficient
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+
+    #[test]
+    fn cuda_sdpa_kernel_follows_select_sdp_backend() {
+        use CudaSdpa::{Cudnn, Efficient, Flash};
+        // H100 (the measured CUDA figures): cuDNN for 16-bit, masked or not; float32 elsewhere.
+        assert_eq!(cuda_sdpa_kernel(DType::Bfloat16, None, (9, 0)), Cudnn);
+        assert_eq!(cuda_sdpa_kernel(DType::Float16, Some(false), (9, 0)), Cudnn);
+        assert_eq!(cuda_sdpa_kernel(DType::Float32, None, (9, 0)), Efficient);
+        // A mask that requires grad (a learned bias): memory-efficient, which returns its grad.
+        assert_eq!(
+            cuda_sdpa_kernel(DType::Bfloat16, Some(true), (9, 0)),
+            Efficient
+        );
+        // A100: flash unless masked.
+        assert_eq!(cuda_sdpa_kernel(DType::Bfloat16, None, (8, 0)), Flash);
+        assert_eq!(
+            cuda_sdpa_kernel(DType::Bfloat16, Some(false), (8, 0)),
+            Efficient
+        );
+        // V100 and T4: neither flash nor cuDNN.
+        assert_eq!(cuda_sdpa_kernel(DType::Float16, None, (7, 0)), Efficient);
+        assert_eq!(cuda_sdpa_kernel(DType::Float16, None, (7, 5)), Efficient);
     }
 }
