@@ -690,7 +690,7 @@ const EMULATED_SM: (u32, u32) = (9, 0);
 /// memest models do not change the choice.
 fn cuda_sdpa_kernel(dtype: DType, mask: Option<bool>, sm: (u32, u32)) -> CudaSdpa {
     let half = matches!(dtype, DType::Bfloat16 | DType::Float16);
-    let fused_16bit = half && (8, 0) <= sm && sm <= (12, 1);
+    let fused_16bit = half && ((8, 0)..=(12, 1)).contains(&sm);
     let cudnn_first = matches!(sm.0, 9 | 10) && matches!(sm.1, 0 | 3);
     if fused_16bit && cudnn_first && mask != Some(true) {
         CudaSdpa::Cudnn
