@@ -42,6 +42,7 @@ pub mod shape;
 pub mod sim;
 pub mod spec;
 pub mod sweep;
+mod symbolic;
 pub mod trace;
 pub mod units;
 pub mod vocab;
@@ -335,18 +336,110 @@ pub fn estimate_observed(
     budget: Option<u64>,
     observe: sim::Observe,
 ) -> Result<Report, Error> {
-    let model = graph::build(spec, name)?;
+    // `--timeline` and `--explain` need every event of the step: they unroll.
+    let repeats = if observe == sim::Observe::default() {
+        Repeats::Symbolic
+    } else {
+        Repeats::Unrolled
+    };
+    estimate_with(spec, name, overrides, budget, observe, repeats)?.ok_or(Error::Internal(
+        "an unrolled estimate always gives a report",
+    ))
+}
+
+/// How [`estimate_with`] treats a repeated block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Repeats {
+    /// Extended from a few copies when it can be ([`symbolic`]), else unrolled.
+    Symbolic,
+    /// Only extended from a few copies: `None` when that does not apply.
+    SymbolicOnly,
+    /// Every copy traced and replayed.
+    Unrolled,
+}
+
+fn estimate_with(
+    spec: &spec::ModelSpec,
+    name: &str,
+    overrides: &settings::Overrides,
+    budget: Option<u64>,
+    observe: sim::Observe,
+    repeats: Repeats,
+) -> Result<Option<Report>, Error> {
+    let mut model = graph::build(spec, name)?;
     let mut settings = settings::Settings::resolve(&model.defaults, overrides)?;
     if !model.input_dims.contains(&spec::DimSpec::Seq) {
         // Without a "seq" dimension a sequence length sets nothing (a warning says so).
         settings.seq = None;
     }
     if settings.mode == settings::Mode::Generate {
-        return estimate_generate(&model, &settings, budget, observe);
+        // Generation is not extended symbolically.
+        if repeats == Repeats::SymbolicOnly {
+            return Ok(None);
+        }
+        return estimate_generate(&model, &settings, budget, observe).map(Some);
+    }
+    if repeats != Repeats::Unrolled {
+        let report = symbolic::estimate(&mut model, &settings, budget);
+        if report.is_some() || repeats == Repeats::SymbolicOnly {
+            return Ok(report);
+        }
     }
     let tape = trace::trace(&model, &settings)?;
     let sim = sim::simulate_observed(&tape, &settings, observe)?;
-    Ok(Report::new(&model.name, &settings, &tape, &sim, budget))
+    Ok(Some(Report::new(
+        &model.name,
+        &settings,
+        &tape,
+        &sim,
+        budget,
+    )))
+}
+
+/// [`estimate_spec`] with every copy of every repeated block traced and replayed: the reference
+/// the symbolic treatment of repeats is tested against (the same figures, slower).
+///
+/// # Errors
+/// As [`estimate_spec`].
+pub fn estimate_unrolled(
+    spec: &spec::ModelSpec,
+    name: &str,
+    overrides: &settings::Overrides,
+    budget: Option<u64>,
+) -> Result<Report, Error> {
+    estimate_with(
+        spec,
+        name,
+        overrides,
+        budget,
+        sim::Observe::default(),
+        Repeats::Unrolled,
+    )?
+    .ok_or(Error::Internal(
+        "an unrolled estimate always gives a report",
+    ))
+}
+
+/// The estimate of [`estimate_spec`] extended from a few copies of the model's most repeated
+/// block (at least 16 copies), or `None` when that does not apply or its checks fail, where
+/// [`estimate_spec`] unrolls. For tests and benchmarks of the symbolic path.
+///
+/// # Errors
+/// A model or setting error found before tracing (as [`estimate_spec`]).
+pub fn estimate_symbolic(
+    spec: &spec::ModelSpec,
+    name: &str,
+    overrides: &settings::Overrides,
+    budget: Option<u64>,
+) -> Result<Option<Report>, Error> {
+    estimate_with(
+        spec,
+        name,
+        overrides,
+        budget,
+        sim::Observe::default(),
+        Repeats::SymbolicOnly,
+    )
 }
 
 /// `--mode generate`: `model.generate` as transformers runs it (`GenerationMixin._sample`): the

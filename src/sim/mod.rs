@@ -304,6 +304,37 @@ impl Timeline {
     }
 }
 
+/// Where an event of the step happens: the state before the first operator, a step's forward,
+/// its backward, its recomputation (a checkpointed block), the optimizer step, an EMA update, or
+/// a gather or reduction of several GPUs. Step indices are positions in [`Tape::steps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum At {
+    /// Before the first operator: parameters, buffers, input and optimizer state.
+    Start,
+    /// A step's forward.
+    Forward(usize),
+    /// A step's backward.
+    Backward(usize),
+    /// A step recomputed before its checkpointed block's backward.
+    Recompute(usize),
+    /// The optimizer step.
+    OptimizerStep,
+    /// The EMA update after the optimizer step.
+    EmaUpdate,
+    /// An all-gather or a reduce-scatter buffer (several GPUs).
+    Communication,
+}
+
+/// One event of the step, every one kept (unlike a [`Timeline`]): where it is and the live bytes
+/// per category after it (indexed like [`Category::ALL`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Event {
+    /// Where it happens.
+    pub at: At,
+    /// Live bytes per category.
+    pub bytes: [u64; Category::COUNT],
+}
+
 /// A tensor live at the peak, for `--explain`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveTensor {
@@ -396,6 +427,28 @@ pub fn simulate_observed(
     settings: &Settings,
     observe: Observe,
 ) -> Result<Simulation, Error> {
+    simulate_inner(tape, settings, observe, false).map(|(sim, _)| sim)
+}
+
+/// [`simulate`], also returning every event of the step in order (what the symbolic treatment
+/// of repeats extends from a few copies to many).
+///
+/// # Errors
+/// As [`simulate`].
+pub(crate) fn simulate_events(
+    tape: &Tape,
+    settings: &Settings,
+) -> Result<(Simulation, Vec<Event>), Error> {
+    let (sim, log) = simulate_inner(tape, settings, Observe::default(), true)?;
+    Ok((sim, log.unwrap_or_default()))
+}
+
+fn simulate_inner(
+    tape: &Tape,
+    settings: &Settings,
+    observe: Observe,
+    log: bool,
+) -> Result<(Simulation, Option<Vec<Event>>), Error> {
     let training = settings.training();
     let facts = Liveness::of(tape);
     let saved = SavedBytes::of(tape, &facts);
@@ -486,6 +539,9 @@ pub fn simulate_observed(
     if observe.timeline {
         replay.record();
     }
+    if log {
+        replay.log();
+    }
     let (gradient_bytes, optimizer_temp_bytes, held) = steps(&mut replay);
     if let Some(e) = replay.error() {
         return Err(e);
@@ -538,7 +594,7 @@ pub fn simulate_observed(
     if sums.contains(&u64::MAX) {
         return Err(Error::Overflow("the memory total of the step".into()));
     }
-    Ok(Simulation {
+    let sim = Simulation {
         peak_bytes: replay.peak,
         peak_phase: replay.peak_phase,
         peak_layer: replay.peak_layer,
@@ -572,7 +628,8 @@ pub fn simulate_observed(
         timeline,
         live_at_peak,
         allocator,
-    })
+    };
+    Ok((sim, replay.log))
 }
 
 /// The caching allocator's run: the model and the batch loaded, the optimizer's constructor,

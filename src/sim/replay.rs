@@ -13,7 +13,7 @@ use typed_index_collections::{TiVec, ti_vec};
 use super::heap::{Heap, Key};
 use super::liveness::{Liveness, touched};
 use super::parallel::{Dist, Reduce};
-use super::{Category, Phase, TimePoint};
+use super::{At, Category, Event, Phase, TimePoint};
 use crate::cost::OptimizerPlan;
 use crate::dtype::DType;
 use crate::error::Error;
@@ -67,6 +67,8 @@ pub(super) struct Replay<'a> {
     pending_gather: u64,
     /// Whether ZeRO-2's gradient partition buffer exists yet.
     partition_buffer: bool,
+    /// Every event's place in the step and totals, when asked for ([`Replay::log`]).
+    pub log: Option<Vec<Event>>,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -127,7 +129,13 @@ impl<'a> Replay<'a> {
             heap: None,
             pending_gather: 0,
             partition_buffer: false,
+            log: None,
         }
+    }
+
+    /// Records every event's place and totals in [`Replay::log`].
+    pub(super) fn log(&mut self) {
+        self.log = Some(Vec::new());
     }
 
     /// Replays the step as one rank of `dist`'s plan.
@@ -151,7 +159,7 @@ impl<'a> Replay<'a> {
         self.add(Category::CommBuffers, w);
         if unit.gather_buffer {
             self.add(Category::CommBuffers, w);
-            self.check(phase, layer);
+            self.check(phase, layer, At::Communication);
             if phase == Phase::Forward {
                 let previous = std::mem::replace(&mut self.pending_gather, w);
                 self.sub(Category::CommBuffers, previous);
@@ -186,7 +194,7 @@ impl<'a> Replay<'a> {
         if buffer > 0 {
             // The whole gradients are copied into the reduce-scatter input, then freed.
             self.add(Category::CommBuffers, buffer);
-            self.check(Phase::Backward, layer);
+            self.check(Phase::Backward, layer, At::Communication);
         }
         for &(v, whole, shard) in &d.units[u].grads {
             if has_grad.get(v).copied().unwrap_or(false) {
@@ -324,8 +332,8 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// Records the totals now, during `phase` in `layer`.
-    fn check(&mut self, phase: Phase, layer: Option<LayerId>) {
+    /// Records the totals now, during `phase` in `layer`, at `at`.
+    fn check(&mut self, phase: Phase, layer: Option<LayerId>, at: At) {
         let total = self
             .cur
             .iter()
@@ -347,6 +355,12 @@ impl<'a> Replay<'a> {
             points.push(TimePoint {
                 event: self.events,
                 phase,
+                bytes: self.cur,
+            });
+        }
+        if let Some(log) = &mut self.log {
+            log.push(Event {
+                at,
                 bytes: self.cur,
             });
         }
@@ -420,7 +434,7 @@ impl<'a> Replay<'a> {
             self.add(Category::CommBuffers, d.comm_always);
             self.add(Category::Gradients, d.grads_always);
         }
-        self.check(Phase::Forward, None);
+        self.check(Phase::Forward, None, At::Start);
     }
 
     /// The forward pass: each step allocates, then frees the activations it used last, unless
@@ -437,7 +451,7 @@ impl<'a> Replay<'a> {
             for &s in &step.allocs {
                 self.alloc(s);
             }
-            self.check(Phase::Forward, Some(step.layer));
+            self.check(Phase::Forward, Some(step.layer), At::Forward(i));
             for s in touched(tape, i) {
                 let free = match tape.storages[s].kind {
                     StorageKind::Activation => true,
@@ -601,7 +615,7 @@ impl<'a> Replay<'a> {
             }
             self.add(temp, transient);
             self.snapshot_grads(&grads);
-            self.check(Phase::Backward, Some(step.layer));
+            self.check(Phase::Backward, Some(step.layer), At::Backward(i));
             self.sub(temp, transient);
             self.heap_free(Key::Transient);
             self.sub(Category::Gradients, applied);
@@ -688,7 +702,7 @@ impl<'a> Replay<'a> {
                 }
             }
             self.snapshot_grads(grads);
-            self.check(Phase::Backward, Some(step.layer));
+            self.check(Phase::Backward, Some(step.layer), At::Recompute(j));
             for &s in &replayed {
                 let last = facts.last_use[s].min(seg.end - 1);
                 if self.live[s] && !kept.contains(&s) && (last <= j || j + 1 == stop) {
@@ -702,7 +716,7 @@ impl<'a> Replay<'a> {
     /// step leaves.
     pub(super) fn ema_update(&mut self, bytes: u64) {
         self.add(Category::Temporaries, bytes);
-        self.check(Phase::OptimizerStep, None);
+        self.check(Phase::OptimizerStep, None, At::EmaUpdate);
         self.sub(Category::Temporaries, bytes);
     }
 
@@ -724,7 +738,7 @@ impl<'a> Replay<'a> {
         self.add(Category::Gradients, partition);
         self.sub(Category::Gradients, freed);
         self.add(Category::Temporaries, temp_bytes);
-        self.check(Phase::OptimizerStep, None);
+        self.check(Phase::OptimizerStep, None, At::OptimizerStep);
         self.sub(Category::Temporaries, temp_bytes);
         self.add(Category::Gradients, freed);
         temp_bytes

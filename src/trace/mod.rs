@@ -26,8 +26,8 @@ use call::Call;
 pub use aten::AtenOp;
 pub use params::lora_entry_matches;
 pub use tape::{
-    LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage, StorageId, StorageKind,
-    Tape, Value, ValueId,
+    BlockCopies, LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage, StorageId,
+    StorageKind, Tape, Value, ValueId,
 };
 
 use crate::cost::Quant;
@@ -606,6 +606,9 @@ impl Tracer<'_> {
                         checked(repeat.checked_mul(*count), "the number of repeated copies")?;
                     let mut x = inputs[0];
                     let first_step = self.tape.steps.len();
+                    // A block traced once records where its copies are (`sim` extends a few
+                    // copies to many from them).
+                    let mut starts = Vec::new();
                     for copy in 0..*count {
                         if copy == 1 {
                             // Every copy traces the same operators: refuse before tracing the
@@ -634,6 +637,9 @@ impl Tracer<'_> {
                         }
                         let before = self.val(x).clone();
                         let seg_start = self.tape.steps.len();
+                        if repeat == 1 {
+                            starts.push(seg_start);
+                        }
                         let checkpoint =
                             self.s.checkpoint && self.training() && self.segment.is_none();
                         if checkpoint {
@@ -680,6 +686,13 @@ impl Tracer<'_> {
                             )));
                         }
                         x = y;
+                    }
+                    if repeat == 1 {
+                        self.tape.repeats.push(BlockCopies {
+                            positions: layer.label.positions.clone(),
+                            starts,
+                            end: self.tape.steps.len(),
+                        });
                     }
                     self.label.clone_from(&layer.label);
                     let idx = self.layer_index[&std::ptr::from_ref(layer).addr()];

@@ -240,4 +240,19 @@ pub struct Tape {
     pub input_shape: Shape,
     /// Whether the model ends in a loss layer.
     pub has_loss: bool,
+    /// The repeated blocks traced once (not inside a block of several copies), in trace order:
+    /// where each copy's steps are.
+    pub repeats: Vec<BlockCopies>,
+}
+
+/// Where the copies of a repeated block are on the tape: copy `k` is the steps
+/// `starts[k]..starts[k + 1]` (the last one `..end`).
+#[derive(Clone, Debug, Default)]
+pub struct BlockCopies {
+    /// The block's positions through blocks (as in [`crate::error::LayerAt::positions`]).
+    pub positions: Vec<usize>,
+    /// The first step of each copy.
+    pub starts: Vec<usize>,
+    /// One past the last step of the last copy.
+    pub end: usize,
 }

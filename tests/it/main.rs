@@ -30,6 +30,7 @@ mod outputs;
 mod properties;
 mod recipes;
 mod reference;
+mod repeats;
 mod schema;
 mod serve;
 mod snapshots;

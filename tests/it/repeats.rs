@@ -1,0 +1,219 @@
+//! Symbolic repeats: a block of many copies extended from traces of 4, 5 and 6 copies gives the
+//! report of full unrolling, every JSON figure to the byte (`memest::estimate_symbolic` against
+//! `memest::estimate_unrolled`), including where the peak moves between phases as the count
+//! grows.
+
+use memest::settings::{Device, Mode, Overrides};
+use memest::spec::{Format, LayerKind, ModelSpec};
+use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
+use serde_json::Value;
+
+use crate::common::path;
+
+fn spec(rel: &str) -> ModelSpec {
+    let src = std::fs::read_to_string(path(rel)).expect("an example");
+    let format = if rel.ends_with(".json") {
+        Format::Json
+    } else {
+        Format::Toml
+    };
+    memest::load_spec(&src, format, memest::hf::Head::Auto).expect("the example reads")
+}
+
+/// Sets the count of the `which`-th top-level repeat (in order) to `count`; false if none.
+fn set_count(spec: &mut ModelSpec, which: usize, count: u64) -> bool {
+    let mut repeats = spec
+        .layers
+        .iter_mut()
+        .filter(|l| l.kind == LayerKind::Repeat);
+    match repeats.nth(which) {
+        Some(l) => {
+            l.count = Some(count);
+            true
+        }
+        None => false,
+    }
+}
+
+fn json(r: &memest::Report) -> Value {
+    serde_json::to_value(r).expect("a report serializes")
+}
+
+/// The symbolic report (which must apply) and the unrolled one, as JSON.
+fn both(spec: &ModelSpec, o: &Overrides) -> (Value, Value) {
+    let symbolic = memest::estimate_symbolic(spec, "m", o, Some(1 << 40))
+        .expect("estimates")
+        .expect("the symbolic path applies");
+    let unrolled = memest::estimate_unrolled(spec, "m", o, Some(1 << 40)).expect("estimates");
+    (json(&symbolic), json(&unrolled))
+}
+
+/// Llama-tiny at 384 tokens: with 64 layers the peak is the optimizer step, where 4 layers peak
+/// in backward (`properties::repeat_peak_is_not_affine_far_from_small_counts`); the symbolic
+/// report is the unrolled one.
+#[test]
+fn llama_tiny_at_64_layers_peaks_in_the_optimizer_step_as_unrolled() {
+    let mut s = spec("examples/hf/llama_tiny.json");
+    assert!(set_count(&mut s, 0, 64));
+    let o = Overrides {
+        batch: Some(1),
+        seq: Some(384),
+        device: Some(Device::Cpu),
+        ..Overrides::default()
+    };
+    let (symbolic, unrolled) = both(&s, &o);
+    assert_eq!(symbolic, unrolled);
+    assert_eq!(symbolic["peak_bytes"], 2_169_157_008u64);
+    assert_eq!(symbolic["peak_phase"], "optimizer_step");
+    // With 4 layers, one of the counts traced, the peak is in backward.
+    let mut four = s.clone();
+    assert!(set_count(&mut four, 0, 4));
+    let r = memest::estimate_unrolled(&four, "m", &o, None).unwrap();
+    assert_eq!(r.peak_phase, memest::sim::Phase::Backward);
+    // And through the public entry point, which takes the symbolic path.
+    let r = memest::estimate_spec(&s, "m", &o, Some(1 << 40)).unwrap();
+    assert_eq!(json(&r), unrolled);
+}
+
+/// The benchmark's shape: 100,000 copies of `linear(512) + relu` are far past what a test may
+/// unroll; 2,000 copies are compared.
+#[test]
+fn a_deep_mlp_repeat_is_exact() {
+    let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 2000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
+    let s = memest::load_spec(src, Format::Toml, memest::hf::Head::Auto).unwrap();
+    let cpu = Overrides {
+        device: Some(Device::Cpu),
+        ..Overrides::default()
+    };
+    for o in [
+        cpu.clone(),
+        Overrides {
+            mode: Some(Mode::Infer),
+            ..cpu.clone()
+        },
+        Overrides {
+            checkpoint: true,
+            batch: Some(8),
+            ..cpu.clone()
+        },
+    ] {
+        let (symbolic, unrolled) = both(&s, &o);
+        assert_eq!(symbolic, unrolled, "{o:?}");
+    }
+}
+
+/// A block of fewer than 16 copies is unrolled, and so is any block on CUDA, whose caching
+/// allocator's segments depend on the whole history of the step.
+#[test]
+fn short_repeats_and_cuda_unroll() {
+    let cpu = Overrides {
+        device: Some(Device::Cpu),
+        ..Overrides::default()
+    };
+    let s = spec("examples/gpt2.toml");
+    assert!(
+        memest::estimate_symbolic(&s, "m", &cpu, None)
+            .unwrap()
+            .is_none()
+    );
+    let mut s = spec("examples/hf/llama_tiny.json");
+    assert!(set_count(&mut s, 0, 64));
+    assert!(
+        memest::estimate_symbolic(&s, "m", &cpu, None)
+            .unwrap()
+            .is_some()
+    );
+    let cuda = Overrides {
+        device: Some(Device::Cuda),
+        ..Overrides::default()
+    };
+    assert!(
+        memest::estimate_symbolic(&s, "m", &cuda, None)
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// The bundled examples with a top-level repeated block.
+const WITH_REPEATS: [&str; 8] = [
+    "examples/gpt2.toml",
+    "examples/llama_tiny.toml",
+    "examples/vit_b_16.toml",
+    "examples/bert_base.toml",
+    "examples/mobilenet_v2.toml",
+    "examples/hf/llama_tiny.json",
+    "examples/hf/t5-small.json",
+    "examples/hf/qwen1.5-moe-a2.7b.json",
+];
+
+fn config() -> ProptestConfig {
+    let mut c = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        c.cases = 24;
+    }
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        c.rng_seed = RngSeed::Fixed(20_261_201);
+    }
+    c.failure_persistence = None;
+    c
+}
+
+/// Small sizes so that unrolling stays quick (the big configs at a few tokens).
+fn overrides(
+    file: &str,
+    batch: u64,
+    seq: u64,
+    infer: bool,
+    checkpoint: bool,
+    amp: bool,
+) -> Overrides {
+    let hf = file.contains("/hf/");
+    Overrides {
+        batch: Some(batch),
+        seq: Some(if hf { seq.min(16) } else { seq }),
+        mode: infer.then_some(Mode::Infer),
+        checkpoint: checkpoint && !infer,
+        amp: (amp && !file.contains("/hf/")).then_some(memest::cost::Amp::Bf16),
+        device: Some(Device::Cpu),
+        ..Overrides::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// For random counts and settings, the symbolic report, when it applies, is the unrolled
+    /// report; on these models it applies.
+    #[test]
+    fn symbolic_repeats_equal_unrolling(
+        i in 0..WITH_REPEATS.len(),
+        which in 0usize..3,
+        count in 16u64..48,
+        other in 1u64..5,
+        batch in 1u64..4,
+        seq in 1u64..64,
+        infer in any::<bool>(),
+        checkpoint in any::<bool>(),
+        amp in any::<bool>(),
+    ) {
+        let file = WITH_REPEATS[i];
+        let mut s = spec(file);
+        // One block deep, and maybe another one short.
+        let n = s.layers.iter().filter(|l| l.kind == LayerKind::Repeat).count();
+        let deep = which % n;
+        for j in 0..n {
+            set_count(&mut s, j, if j == deep { count } else { other });
+        }
+        let o = overrides(file, batch, seq, infer, checkpoint, amp);
+        let symbolic = memest::estimate_symbolic(&s, "m", &o, Some(1 << 30));
+        let unrolled = memest::estimate_unrolled(&s, "m", &o, Some(1 << 30));
+        match (symbolic, unrolled) {
+            (Ok(Some(sym)), Ok(unr)) => prop_assert_eq!(json(&sym), json(&unr), "{} {:?}", file, o),
+            (Ok(None), Ok(_)) => prop_assert!(false, "{file} {o:?}: the symbolic path did not apply"),
+            (Ok(Some(_)), Err(e)) => prop_assert!(false, "{file} {o:?}: unrolled fails ({e}), symbolic does not"),
+            (Ok(None) | Err(_), Err(_)) => {}
+            (Err(e), Ok(_)) => prop_assert!(false, "{file} {o:?}: {e}"),
+        }
+    }
+}
