@@ -62,6 +62,17 @@ pub struct Cli {
     /// LoRA: freeze the model and train rank-R adapters on the --lora-targets projections.
     #[arg(long, value_parser = parse_positive)]
     lora_rank: Option<u64>,
+    /// dtype of the LoRA adapters [default: float32 beside a 16-bit base (PEFT); bfloat16 with
+    /// --qlora-stack torchtune|litgpt]
+    #[arg(long, value_parser = parse_dtype, requires = "lora_rank")]
+    lora_dtype: Option<DType>,
+    /// LoRA dropout on each adapter's input (PEFT's lora_dropout; it keeps its mask) [default: 0]
+    #[arg(long, value_name = "P", value_parser = parse_probability, requires = "lora_rank")]
+    lora_dropout: Option<f64>,
+    /// The QLoRA stack whose choices to follow: peft, trl, torchtune or litgpt (which
+    /// projections are quantized, the dtype of the weights it does not quantize).
+    #[arg(long, value_enum, value_name = "STACK")]
+    qlora_stack: Option<memest::settings::QloraStack>,
     /// Projections that get LoRA adapters: q, k, v, o (attention) and linear-layer names or
     /// suffixes, in memest's or PEFT's spelling (gate or gate_proj match *.gate_proj; q_proj is
     /// q). A given entry that matches nothing is an error [default: those of
@@ -183,7 +194,8 @@ pub struct Cli {
             "lora_rank", "lora_targets", "context", "prompt", "new_tokens", "loss", "kv_dtype", "max_batch", "max_context",
             "allow_long_context", "mode", "attention", "amp", "recipe", "checkpoint", "device",
             "expandable_segments", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
-            "grad_accum", "optim_in_backward", "paged", "ema",
+            "grad_accum", "optim_in_backward", "paged", "ema", "lora_dtype", "lora_dropout",
+            "qlora_stack",
         ]
     )]
     print_model: bool,
@@ -276,6 +288,16 @@ fn parse_positive(s: &str) -> Result<u64, String> {
             format!("expected a whole number of at least 1, got {s}, which is too large"),
         ),
         Err(_) => Err(format!("expected a whole number of at least 1, got `{s}`")),
+    }
+}
+
+/// A probability in [0, 1) (`--lora-dropout`).
+fn parse_probability(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(p) if (0.0..1.0).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "expected a probability from 0 up to (not including) 1, got `{s}`"
+        )),
     }
 }
 
@@ -559,6 +581,9 @@ impl Cli {
             ema: self.ema,
             new_tokens: self.new_tokens,
             loss: self.loss,
+            lora_dtype: self.lora_dtype,
+            lora_dropout: self.lora_dropout,
+            qlora_stack: self.qlora_stack,
         };
         let search = if self.max_batch {
             Some(Dimension::Batch)

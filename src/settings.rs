@@ -40,6 +40,35 @@ pub struct Overrides {
     pub ema: Option<EmaPrecision>,
     pub new_tokens: Option<u64>,
     pub loss: Option<Loss>,
+    pub lora_dtype: Option<DType>,
+    pub lora_dropout: Option<f64>,
+    pub qlora_stack: Option<QloraStack>,
+}
+
+/// The library stack a QLoRA run goes through (`--qlora-stack`): what it quantizes and in which
+/// dtype it keeps the weights it does not quantize. The flags it does not set (`--amp`,
+/// `--checkpoint`, `--lora-dtype`, `--lora-dropout`) are the README's recipes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum QloraStack {
+    /// peft with transformers and bitsandbytes (`prepare_model_for_kbit_training`, which casts
+    /// every weight bitsandbytes did not quantize to float32: with `--amp` they are float32):
+    /// every linear layer but the head in 4 bits (transformers' `get_keys_to_not_convert`
+    /// keeps `lm_head`), each `Linear4bit` casting its input to the compute dtype and its output
+    /// back to the input's dtype.
+    Peft,
+    /// TRL's `SFTTrainer` over peft: as `peft`, then `peft_module_casting_to_bf16` casts the
+    /// embeddings and the head back to bfloat16 and keeps the norms float32
+    /// (`trl/trainer/utils.py`).
+    Trl,
+    /// torchtune's QLoRA builders (`lora_llama2_7b(quantize_base=True)`): only the linear
+    /// layers that get adapters are quantized (`LoRALinear(quantize_base=True)`, torchao's
+    /// `NF4Tensor`); the model, adapters included, is bfloat16 (`--lora-dtype bfloat16`).
+    Torchtune,
+    /// litgpt (`--quantize bnb.nf4`): `BitsandbytesPrecision` replaces every `nn.Linear`,
+    /// the head included, with a 4-bit layer; `bf16-true` keeps the rest, adapters included,
+    /// in bfloat16.
+    Litgpt,
 }
 
 /// The precision of an EMA copy of the weights (`--ema`).
@@ -282,6 +311,16 @@ pub struct Settings {
     /// The dtype of an EMA copy of the weights, when one is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ema: Option<DType>,
+    /// The LoRA adapters' dtype when `--lora-dtype` sets it (else PEFT's: float32 beside a
+    /// 16-bit base, the base's otherwise; bfloat16 for the torchtune and litgpt stacks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_dtype: Option<DType>,
+    /// LoRA dropout on each adapter's input (`lora_dropout`), when above 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_dropout: Option<f64>,
+    /// The QLoRA library stack, when one is named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qlora_stack: Option<QloraStack>,
 }
 
 fn one() -> u64 {
@@ -467,6 +506,15 @@ impl Settings {
             optim_in_backward,
             paged,
             ema,
+            lora_dtype: o.lora_dtype.or_else(|| {
+                matches!(
+                    o.qlora_stack,
+                    Some(QloraStack::Torchtune | QloraStack::Litgpt)
+                )
+                .then_some(DType::Bfloat16)
+            }),
+            lora_dropout: o.lora_dropout.filter(|&p| p > 0.0),
+            qlora_stack: o.qlora_stack,
         })
     }
 

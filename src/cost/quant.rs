@@ -113,16 +113,18 @@ impl std::str::FromStr for Quant {
     type Err = String;
 
     /// `nf4` (with double quantization), `int8`, `int4` (groups of 128) or `fp8`,
-    /// case-insensitively.
+    /// case-insensitively. bitsandbytes' `fp4` is read as `nf4`: `quant_type` picks only the
+    /// 16-entry code book, the storage is the same (4-bit codes in blocks of 64 with an absmax
+    /// each, `bitsandbytes/functional.py`, `quantize_4bit`).
     fn from_str(s: &str) -> Result<Quant, String> {
         Ok(match s.to_ascii_lowercase().as_str() {
-            "nf4" => Quant::Nf4 { double_quant: true },
+            "nf4" | "fp4" => Quant::Nf4 { double_quant: true },
             "int8" => Quant::Int8,
             "int4" => Quant::Int4 { group_size: 128 },
             "fp8" => Quant::Fp8,
             _ => {
                 return Err(format!(
-                    "unknown quantization `{s}`, expected nf4, int8, int4 or fp8"
+                    "unknown quantization `{s}`, expected nf4, fp4, int8, int4 or fp8"
                 ));
             }
         })

@@ -15,14 +15,14 @@ impl Tracer<'_> {
         train: bool,
         target: &str,
     ) -> Result<ValueId, Error> {
-        let w = self.weight(Shape::from([out_f, in_f]), train, true)?;
+        let quantize = self.quantizable(true, target);
+        let w = self.weight(Shape::from([out_f, in_f]), train, quantize)?;
         let b = if bias {
             Some(self.param(Shape::from([out_f]), train)?)
         } else {
             None
         };
-        let y = self.linear(x, w, b, out_f)?;
-        self.lora(x, y, in_f, out_f, target)
+        self.base_projection(x, w, b, (in_f, out_f), target)
     }
 
     /// Self-attention (`kv_src == x`) or cross-attention (`kv_src` = the encoder output).

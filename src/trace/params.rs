@@ -2,6 +2,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::settings::QloraStack;
 
 impl Tracer<'_> {
     /// A new parameter tensor of this layer. With LoRA the base model is frozen.
@@ -12,10 +13,12 @@ impl Tracer<'_> {
 
     /// A LoRA adapter matrix: trains even though the base is frozen. PEFT keeps adapters in
     /// float32 when the base is 16-bit (`autocast_adapter_dtype=True`).
+    /// `--lora-dtype` (or a stack's bfloat16) overrides it.
     pub(super) fn adapter_param(&mut self, shape: Shape) -> Result<ValueId, Error> {
-        let dtype = match self.param_dtype() {
-            DType::Float16 | DType::Bfloat16 => DType::Float32,
-            d => d,
+        let dtype = match (self.s.lora_dtype, self.param_dtype()) {
+            (Some(d), _) => d,
+            (None, DType::Float16 | DType::Bfloat16) => DType::Float32,
+            (None, d) => d,
         };
         self.param_typed(shape, true, None, dtype)
     }
@@ -36,6 +39,53 @@ impl Tracer<'_> {
             }
             None => self.param(shape, trainable),
         }
+    }
+
+    /// Whether a linear layer's weight is quantized under `--dtype nf4|…`: by its name
+    /// (`quantize_by_name`: heads are not), as the stack decides: torchtune quantizes only the
+    /// projections that get adapters, litgpt every linear layer, the head included.
+    pub(super) fn quantizable(&mut self, quantize_by_name: bool, target: &str) -> bool {
+        match self.s.qlora_stack {
+            Some(QloraStack::Torchtune) => quantize_by_name && self.lora_targeted(target),
+            Some(QloraStack::Litgpt) => true,
+            _ => quantize_by_name,
+        }
+    }
+
+    /// The dtype TRL leaves a weight in: `peft_module_casting_to_bf16` casts float32 modules
+    /// named `lm_head`, `embed_tokens`, `wte`, `wpe` or `score` to bfloat16 (`trl/trainer/utils.py`);
+    /// with `--qlora-stack trl` under autocast such a weight takes the autocast dtype.
+    pub(super) fn stack_dtype(&self, name: &str) -> Option<DType> {
+        let last = name.rsplit('.').next().unwrap_or(name);
+        let cast = matches!(self.s.qlora_stack, Some(QloraStack::Trl))
+            && ["lm_head", "embed_tokens", "wte", "wpe", "score"]
+                .iter()
+                .any(|n| last.contains(n));
+        self.s.amp.map(crate::settings::Amp::dtype).filter(|_| cast)
+    }
+
+    /// A projection of the base model, `x @ w.T + b`, then its LoRA adapters when targeted. A
+    /// quantized weight runs as bitsandbytes' `Linear4bit.forward`
+    /// (`bitsandbytes/nn/modules.py`): the input cast to the compute dtype, `matmul_4bit`
+    /// (`MatMul4Bit` saves no activation: the weight is frozen, `ctx.tensors = (None, B)` in
+    /// `bitsandbytes/autograd/_functions.py`, and its backward dequantizes the weight again),
+    /// and the output cast back to the input's dtype (`out.to(inp_dtype)`): a float32 input
+    /// (peft's float32 norms) gives a float32 output.
+    pub(super) fn base_projection(
+        &mut self,
+        x: ValueId,
+        w: ValueId,
+        b: Option<ValueId>,
+        (in_f, out_f): (u64, u64),
+        target: &str,
+    ) -> Result<ValueId, Error> {
+        let mut y = self.linear(x, w, b, out_f)?;
+        let quantized = self.quantized.contains(&w);
+        if quantized {
+            let xd = self.val(x).dtype;
+            y = self.cast(y, xd)?;
+        }
+        self.lora(x, y, (in_f, out_f), target, quantized)
     }
 
     pub(super) fn param_as(
@@ -108,26 +158,44 @@ impl Tracer<'_> {
         any
     }
 
-    /// PEFT's LoRA on a targeted projection: `y + B(A(x)) · scaling` with trainable
-    /// `A: [rank, in]`, `B: [out, rank]` (lora_dropout 0). The input is cast to the adapters'
-    /// dtype first (a copy when the model is 16-bit), which `A` keeps; `B` keeps `A`'s
-    /// `[.., rank]` output; the sum is cast back to `y`'s dtype.
+    /// PEFT's LoRA on a targeted projection: `y + B(A(dropout(x))) · scaling` with trainable
+    /// `A: [rank, in]`, `B: [out, rank]` (`peft/tuners/lora/layer.py`, `Linear.forward`). Outside
+    /// autocast the input is cast to the adapters' dtype first (a copy when they differ), which
+    /// `A` keeps; under autocast it is not (`requires_conversion = not
+    /// torch.is_autocast_enabled()`) and autocast's 16-bit copy is what `A` keeps. `--lora-dropout`
+    /// drops the input first (it keeps its mask, and `A` keeps the dropped copy). `B` keeps `A`'s
+    /// `[.., rank]` output; the sum is cast back to `y`'s dtype. Over a quantized base
+    /// (`peft/tuners/lora/bnb.py`, `Linear4bit.forward`) the base output is cloned first
+    /// ("for 4bit, we need to defensively clone here").
     pub(super) fn lora(
         &mut self,
         x: ValueId,
         y: ValueId,
-        in_f: u64,
-        out_f: u64,
+        (in_f, out_f): (u64, u64),
         target: &str,
+        quantized_base: bool,
     ) -> Result<ValueId, Error> {
         if !self.lora_targeted(target) {
             return Ok(y);
         }
+        let y = if quantized_base {
+            self.unary(y, AtenOp::Clone)?
+        } else {
+            y
+        };
         let rank = self.s.lora.as_ref().map_or(0, |l| l.rank);
         let a = self.adapter_param(Shape::from([rank, in_f]))?;
         let b = self.adapter_param(Shape::from([out_f, rank]))?;
         let adt = self.val(a).dtype;
-        let xc = self.cast(x, adt)?;
+        let xc = if self.s.amp.is_some() {
+            x
+        } else {
+            self.cast(x, adt)?
+        };
+        let xc = match self.s.lora_dropout {
+            Some(p) => self.dropout(xc, p, false)?,
+            None => xc,
+        };
         let xa = self.linear(xc, a, None, rank)?;
         let xb = self.linear(xa, b, None, out_f)?;
         let scaled = self.unary(xb, AtenOp::MulScalar)?;

@@ -311,3 +311,110 @@ fn consistent_quantized_combinations_are_accepted() {
         "{err}"
     );
 }
+
+/// QLoRA as TRL runs it, against fms-acceleration's published A100-80GB benchmark
+/// (`scripts/benchmarks/refs/a100_80gb.csv` at commit 24bdadb, row `baseline-peft-bnb`:
+/// `mem_peak_torch_mem_alloc_in_bytes`, HF Trainer's `max_memory_allocated` during training).
+/// The recipe, from that commit's `scenarios.yaml`, `defaults.yaml`, `benchmark.py` and the
+/// bnb plugin's `model_loader`: Mistral-7B-v0.1, `torch_dtype` bfloat16, 4-bit NF4 with
+/// double quantization (`bnb_4bit_use_double_quant=True`, compute dtype bfloat16), LoRA r 16 on
+/// q, k, v, o with `lora_dropout` 0.1, `bf16=True` (autocast), gradient checkpointing, flash
+/// attention (`use_flash_attn`), packed sequences of 4096 tokens, one GPU, AdamW. With
+/// `no_peft_model: true` the plugin leaves PEFT to TRL 0.13's `SFTTrainer`, which calls peft's
+/// `prepare_model_for_kbit_training` (every non-quantized weight to float32) and then
+/// `peft_module_casting_to_bf16` (embeddings and head back to bfloat16): `--qlora-stack trl`.
+/// Assumed: the packed batches are full (4 or 8 × 4096 tokens), the loss is transformers'
+/// causal-LM loss on float32-upcast logits. Measured: 20,669,338,112 bytes (19.25 GiB) at batch
+/// 4, 37,002,646,016 (34.46 GiB) at batch 8; memest 21,436,909,060 (+3.7 %) and +3.4 %. The same
+/// run's memory after training, 4,307,028,992 bytes, is memest's held-between-steps
+/// 4,289,349,120 (-0.4 %): bfloat16 embeddings and head, as TRL leaves them. Before the float32
+/// norms and `Linear4bit`'s cast back to its input's dtype were modelled, memest said 15.08 GiB
+/// at batch 4 (-22 %).
+#[test]
+fn qlora_through_trl_matches_the_published_mistral_run() {
+    for (batch, measured) in [("4", 20_669_338_112u64), ("8", 37_002_646_016)] {
+        let r = json_of(&[
+            "examples/hf/mistral-7b-v0.1.json",
+            "--dtype",
+            "nf4",
+            "--amp",
+            "bf16",
+            "--qlora-stack",
+            "trl",
+            "--lora-rank",
+            "16",
+            "--lora-targets",
+            "q_proj,k_proj,v_proj,o_proj",
+            "--lora-dropout",
+            "0.1",
+            "--checkpoint",
+            "--attention",
+            "flash",
+            "--seq",
+            "4096",
+            "--batch",
+            batch,
+            "--format",
+            "json",
+        ]);
+        within(
+            "mistral-7b trl qlora",
+            &format!("peak at batch {batch}"),
+            u(&r["peak_bytes"]),
+            measured,
+            5.0,
+        );
+        within(
+            "mistral-7b trl qlora",
+            "held after training",
+            u(&r["held_between_steps_bytes"]),
+            4_307_028_992,
+            1.0,
+        );
+        assert_eq!(r["settings"]["qlora_stack"], "trl");
+        assert_eq!(r["settings"]["lora_dropout"], 0.1);
+    }
+}
+
+/// What each stack quantizes and keeps: peft makes every non-quantized weight float32 under
+/// autocast, TRL keeps the embeddings and head bfloat16, torchtune quantizes only the projections
+/// with adapters and keeps bfloat16 adapters, litgpt quantizes the head too.
+#[test]
+fn qlora_stacks_quantize_and_cast_as_their_libraries() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "examples/hf/llama-2-7b.json",
+            "--dtype",
+            "nf4",
+            "--lora-rank",
+            "16",
+            "--lora-targets",
+            "q,v",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        json_of(&args)
+    };
+    let count = |r: &Value, d: &str| r["param_count_by_dtype"][d].as_u64().unwrap_or(0);
+    // Llama-2-7B: 32 layers × (2 × 4096² + 3 × 4096 × 11008) = 6,476,005,376 projection
+    // weights; embedding and head 2 × 32000 × 4096 = 262,144,000; 65 norms × 4096 = 266,240;
+    // adapters on q and v: 32 × 2 × 16 × (4096 + 4096) = 8,388,608.
+    let peft = run(&["--amp", "bf16", "--qlora-stack", "peft"]);
+    assert_eq!(count(&peft, "nf4"), 6_476_005_376);
+    assert_eq!(count(&peft, "float32"), 262_144_000 + 266_240 + 8_388_608);
+    let trl = run(&["--amp", "bf16", "--qlora-stack", "trl"]);
+    assert_eq!(count(&trl, "bfloat16"), 262_144_000);
+    assert_eq!(count(&trl, "float32"), 266_240 + 8_388_608);
+    // torchtune: q and v only, 32 × 2 × 4096² = 1,073,741,824 in NF4; adapters bfloat16
+    let tt = run(&["--qlora-stack", "torchtune"]);
+    assert_eq!(count(&tt, "nf4"), 1_073_741_824);
+    assert_eq!(count(&tt, "float32"), 0);
+    assert_eq!(tt["settings"]["lora_dtype"], "bfloat16");
+    // litgpt: the head too (32000 × 4096 more)
+    let lit = run(&["--qlora-stack", "litgpt"]);
+    assert_eq!(count(&lit, "nf4"), 6_476_005_376 + 131_072_000);
+    // --lora-dtype float32 over a stack's bfloat16
+    let tt32 = run(&["--qlora-stack", "torchtune", "--lora-dtype", "float32"]);
+    assert_eq!(count(&tt32, "float32"), 8_388_608);
+}

@@ -41,12 +41,17 @@ impl Tracer<'_> {
                 xv.dtype, xv.shape
             )));
         }
-        let w = match &c.tie {
-            Some(tied) => self.tied(tied, c.num_embeddings, c.embedding_dim)?,
-            None => self.param(Shape::from([c.num_embeddings, c.embedding_dim]), train)?,
+        let shape = Shape::from([c.num_embeddings, c.embedding_dim]);
+        let w = match (&c.tie, self.stack_dtype(name)) {
+            (Some(tied), _) => self.tied(tied, c.num_embeddings, c.embedding_dim)?,
+            (None, Some(d)) => {
+                let trainable = train && self.s.lora.is_none();
+                self.param_typed(shape, trainable, None, d)?
+            }
+            (None, None) => self.param(shape, train)?,
         };
         self.embeddings.insert(name.to_string(), w);
-        let dtype = self.param_dtype();
+        let dtype = self.val(w).dtype;
         let rg = self.rg(w);
         let y = self.fresh(embedding_shape(c, &xv.shape), dtype, "output", rg)?;
         self.call(Call::new(AtenOp::Embedding, vec![w, x], vec![y]))?;

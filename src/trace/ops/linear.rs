@@ -28,20 +28,25 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         let in_f = self.last_dim(&xv, "linear")?;
         self.shaped(out_shape(c, &xv.shape))?;
-        let weight = match &c.tie {
-            Some(tied) => self.tied(tied, c.out_features, in_f)?,
-            None => self.weight(Shape::from([c.out_features, in_f]), train, c.quantize)?,
+        let quantize = self.quantizable(c.quantize, name);
+        let shape = Shape::from([c.out_features, in_f]);
+        let weight = match (&c.tie, self.stack_dtype(name)) {
+            (Some(tied), _) => self.tied(tied, c.out_features, in_f)?,
+            (None, Some(d)) if !quantize => {
+                let trainable = train && self.s.lora.is_none();
+                self.param_typed(shape, trainable, None, d)?
+            }
+            (None, _) => self.weight(shape, train, quantize)?,
         };
         let b = if c.bias {
             Some(self.param(Shape::from([c.out_features]), train)?)
         } else {
             None
         };
-        let y = self.linear(x, weight, b, c.out_features)?;
         if c.tie.is_some() {
-            Ok(y)
+            self.linear(x, weight, b, c.out_features)
         } else {
-            self.lora(x, y, in_f, c.out_features, name)
+            self.base_projection(x, weight, b, (in_f, c.out_features), name)
         }
     }
 }
