@@ -245,6 +245,21 @@ fn position_table_rows(layers: &[spec::LayerSpec]) -> Option<u64> {
         .min()
 }
 
+/// Whether any layer (inside blocks too) is of `kind`.
+fn has_kind(layers: &[spec::LayerSpec], kind: spec::LayerKind) -> bool {
+    layers
+        .iter()
+        .any(|l| l.kind == kind || l.layers.as_deref().is_some_and(|b| has_kind(b, kind)))
+}
+
+/// Whether any attention layer (inside blocks too) is causal, as a decoder's are.
+fn has_causal_attention(layers: &[spec::LayerSpec]) -> bool {
+    layers.iter().any(|l| {
+        (l.kind == spec::LayerKind::Attention && l.causal == Some(true))
+            || l.layers.as_deref().is_some_and(has_causal_attention)
+    })
+}
+
 /// Whether any layer (inside blocks too) is an attention layer, which `--attention` acts on.
 fn has_attention(layers: &[spec::LayerSpec]) -> bool {
     layers.iter().any(|l| {
@@ -373,6 +388,14 @@ fn estimate_with(
         settings.seq = None;
     }
     if settings.mode == settings::Mode::Generate {
+        if has_kind(&spec.layers, spec::LayerKind::CrossAttention)
+            || !has_causal_attention(&spec.layers)
+        {
+            return Err(Error::setting(
+                error::SettingKey::Mode,
+                "--mode generate models a decoder-only causal LM (causal self-attention, no cross-attention); this model is not one",
+            ));
+        }
         // Generation is not extended symbolically.
         if repeats == Repeats::SymbolicOnly {
             return Ok(None);

@@ -281,3 +281,21 @@ fn long_generation_peaks_in_decode() {
     within(u(g, "decode_peak_bytes"), 88_688_488, 0.1, "decode peak");
     assert_eq!(u(&r, "peak_bytes"), u(g, "decode_peak_bytes"));
 }
+
+/// `generate` models decoder-only causal LMs: an encoder (BERT) or an encoder-decoder (T5) is
+/// refused with a message.
+#[test]
+fn generate_needs_a_decoder() {
+    for model in [
+        "examples/hf/bert-base-uncased.json",
+        "examples/hf/t5-small.json",
+    ] {
+        let out = memest(&[model, "--prompt", "16", "--new-tokens", "4"]);
+        assert_eq!(code(&out), 2, "{model}");
+        assert!(
+            crate::common::stderr(&out).contains("--mode generate models a decoder-only causal LM"),
+            "{}",
+            crate::common::stderr(&out)
+        );
+    }
+}
