@@ -28,7 +28,7 @@ between steps, the batch, and `base_other`: whatever else the process holds):
 
 Usage: measure_recipes.py CASES.json OUT.json [ID ...]
 A case is measure.py's, plus "grad_accum": N, "optim_in_backward": bool, "ema": "weights"|"float32",
-"checkpointing": bool.
+"checkpointing": bool, "lora": {"r", "targets", "dropout", "autocast_adapter_dtype"} (needs peft).
 """
 import copy
 import ctypes
@@ -93,6 +93,19 @@ def run(case):
     dtype = getattr(torch, case.get("dtype", "float32"))
     model, make_inputs, loss_fn = measure.build(case)
     model = model.to(dtype=dtype)
+    if case.get("lora"):
+        # peft's LoRA (pip install peft; PYTHONPATH works): r, target_modules, lora_dropout;
+        # autocast_adapter_dtype=True (peft's default) keeps float32 adapters beside a 16-bit
+        # base, False leaves them in the base's dtype.
+        from peft import LoraConfig, get_peft_model
+
+        lc = case["lora"]
+        model = get_peft_model(
+            model,
+            LoraConfig(r=lc["r"], lora_alpha=lc.get("alpha", 16), target_modules=lc["targets"],
+                       lora_dropout=lc.get("dropout", 0.0)),
+            autocast_adapter_dtype=lc.get("autocast_adapter_dtype", True),
+        )
     model.train(True)
     args, kwargs = make_inputs()
     if dtype != torch.float32:

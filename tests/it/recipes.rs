@@ -1,7 +1,8 @@
 //! Training-loop recipes against their CPU measurements (`tests/data/recipes-reference.json`,
 //! measured by `tools/measure_recipes.py`): gradient accumulation (with and without
-//! checkpointing), the optimizer inside backward, an EMA copy, and what is held between steps and
-//! after the forward pass. Measured figures are above the allocator's total when the step starts;
+//! checkpointing), the optimizer inside backward, an EMA copy, peft's LoRA with `lora_dropout`
+//! and with bfloat16 adapters (`--lora-dropout`, `--lora-dtype`), and what is held between
+//! steps and after the forward pass. Measured figures are above the allocator's total when the step starts;
 //! memest's are taken above `held_between_steps_bytes + input_bytes`, the same moment.
 
 use serde_json::Value;
