@@ -185,6 +185,11 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
     if o.seq.is_some() && !spec.input.shape.contains(&spec::DimSpec::Seq) {
         report.warnings.insert(0, report::Warning::SeqWithoutSeqDim);
     }
+    if o.expandable_segments && report.reserved_peak_bytes.is_none() {
+        report
+            .warnings
+            .push(report::Warning::ExpandableSegmentsWithoutAllocator);
+    }
     if o.checkpoint
         && !spec
             .layers

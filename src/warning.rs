@@ -43,6 +43,9 @@ pub enum Warning {
         /// The longest context that fits the budget.
         fits: u64,
     },
+    /// `--expandable-segments` where the CUDA caching allocator is not modelled (`--device
+    /// cpu`, or several GPUs).
+    ExpandableSegmentsWithoutAllocator,
 }
 
 impl Warning {
@@ -82,6 +85,10 @@ impl Warning {
             } => format!(
                 "--max-context stopped at the {max_positions} positions {origin} was trained for (max_position_embeddings); {fits} tokens would fit the budget (--allow-long-context searches past the limit)"
             ),
+            Warning::ExpandableSegmentsWithoutAllocator => {
+                "--expandable-segments has no effect: the CUDA caching allocator is modelled for one CUDA GPU (not --device cpu or --gpus)"
+                    .to_string()
+            }
         }
     }
 }

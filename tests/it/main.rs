@@ -14,10 +14,13 @@
 //!   statuses, units, stdin), the shape of every bad-input failure, every example running.
 //! - `properties`: proptest invariants over the bundled examples (monotone in batch and
 //!   sequence, sums, non-negative figures, size parsing, `--print-model` round trip).
+//! - `allocator`: the CUDA caching allocator's figures (when they appear, bounds,
+//!   `--expandable-segments`, an EMA copy).
 //! - `common`: running the binary (assert_cmd), temporary model files (tempfile), JSON helpers.
 
 mod common;
 
+mod allocator;
 mod cli;
 mod dist;
 mod errors;
