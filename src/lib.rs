@@ -293,6 +293,19 @@ pub fn estimate(
     estimate_spec(&spec, name, overrides, budget)
 }
 
+/// What `memest models` prints: the Hugging Face `model_type`s a `config.json` may name
+/// ([`hf::supported`]) and the layer kinds of memest files ([`spec::LayerKind::ALL`]), one
+/// comma-separated line each under a heading.
+#[must_use]
+pub fn models_text() -> String {
+    let kinds: Vec<&str> = spec::LayerKind::ALL.iter().map(|k| k.as_str()).collect();
+    format!(
+        "Hugging Face configs (config.json `model_type`):\n  {}\nLayer kinds of memest files:\n  {}\n",
+        hf::supported().join(", "),
+        kinds.join(", ")
+    )
+}
+
 /// Reads a model description: memest's own file, or a Hugging Face `config.json` (JSON with a
 /// top-level `model_type` or `architectures` and no `layers`/`input`, see [`hf::is_hf_config`])
 /// translated by [`hf::to_spec`] with the given `head`. A config with Python's `NaN` or

@@ -16,6 +16,18 @@ use cli::Request;
 use output::shown;
 
 fn main() -> ExitCode {
+    // `memest models`: the supported Hugging Face model types and layer kinds (a file named
+    // `models` in the working directory is still read as a model).
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    if args.len() == 1 && args[0] == "models" && !std::path::Path::new("models").exists() {
+        return match write!(io::stdout().lock(), "{}", memest::models_text()) {
+            Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+            _ => ExitCode::SUCCESS,
+        };
+    }
     match cli::Cli::parse().into_request().and_then(run) {
         Ok(code) => code,
         Err(err) => {

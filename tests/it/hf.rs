@@ -666,3 +666,58 @@ fn unsupported_model_type_names_the_nearest() {
         "{err}"
     );
 }
+
+/// The backticked names in the first column of the README table that starts after `heading`
+/// (its rows up to the first line that is not a row).
+fn readme_first_column(heading: &str) -> std::collections::BTreeSet<String> {
+    let readme = std::fs::read_to_string(path("README.md")).unwrap();
+    let after = &readme[readme.find(heading).expect("the README section")..];
+    after
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .flat_map(|row| {
+            let first = row.split('|').nth(1).unwrap_or_default();
+            first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `memest models` lists the model types and layer kinds, and the README's tables say the same.
+#[test]
+fn memest_models_matches_the_readme() {
+    let out = memest(&["models"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let names = |line: &str| -> std::collections::BTreeSet<String> {
+        line.trim().split(", ").map(str::to_string).collect()
+    };
+    let types = names(lines[1]);
+    for t in [
+        "falcon",
+        "gpt_neox",
+        "phi",
+        "bloom",
+        "roberta",
+        "xlm-roberta",
+        "llama",
+    ] {
+        assert!(types.contains(t), "{t} missing from {text}");
+    }
+    assert_eq!(
+        types,
+        readme_first_column("| `model_type` | what is built |")
+    );
+    let mut kinds = names(lines[3]);
+    // `repeat` has its own README section rather than a row of the kinds table.
+    assert!(kinds.remove("repeat"), "{text}");
+    assert_eq!(kinds, readme_first_column("### Layer kinds"));
+}
