@@ -40,6 +40,10 @@ pub struct PositionEmbeddingCfg {
     /// lookup keeps (RoBERTa's `create_position_ids_from_input_ids`: `cumsum` of the non-padding
     /// mask, plus `padding_idx`), instead of a slice of the buffer.
     pub ids_per_batch: bool,
+    /// The model registers a boolean `[mask_buffer, mask_buffer]` lower-triangular mask buffer
+    /// that its forward never reads (GPT-BigCode's `bias = torch.tril(torch.ones(n, n,
+    /// dtype=torch.bool))`); 0 for none.
+    pub mask_buffer: u64,
 }
 
 impl PositionEmbeddingCfg {
@@ -49,6 +53,7 @@ impl PositionEmbeddingCfg {
             num_positions: r.pos(key!(s.num_positions)),
             ids_buffer: r.or(key!(s.ids_buffer), 0),
             ids_per_batch: r.or(key!(s.ids_per_batch), false),
+            mask_buffer: r.or(key!(s.mask_buffer), 0),
         };
         r.finish()?;
         Ok(cfg)

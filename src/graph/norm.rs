@@ -42,6 +42,9 @@ pub struct LayerNormCfg {
     pub affine: bool,
     /// Has a bias.
     pub bias: bool,
+    /// Normalizes a float32 copy of a 16-bit input and casts the result back (OLMo's
+    /// `OlmoLayerNorm`: `F.layer_norm(x.to(torch.float32), ..).to(orig_dtype)`).
+    pub upcast: bool,
 }
 
 impl LayerNormCfg {
@@ -50,6 +53,7 @@ impl LayerNormCfg {
         let cfg = LayerNormCfg {
             affine: r.or(key!(s.affine), true),
             bias: r.or(key!(s.bias), true),
+            upcast: r.or(key!(s.upcast), false),
         };
         r.finish()?;
         Ok(cfg)

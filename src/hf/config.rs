@@ -68,6 +68,12 @@ pub(super) struct DecoderConfig {
     pub rope_parameters: Option<RopeParameters>,
     /// transformers 4's place of `rope_parameters.partial_rotary_factor`.
     pub partial_rotary_factor: Option<f64>,
+    /// OLMo's clamp of Q, K and V.
+    pub clip_qkv: Option<f64>,
+    /// Granite's multipliers.
+    pub embedding_multiplier: Option<f64>,
+    pub residual_multiplier: Option<f64>,
+    pub logits_scaling: Option<f64>,
 }
 
 /// The part of `rope_parameters` that changes memory: the fraction of each head that rotates.
@@ -94,6 +100,8 @@ pub(super) struct Gpt2Config {
     pub attn_pdrop: Option<f64>,
     pub resid_pdrop: Option<f64>,
     pub add_cross_attention: Option<bool>,
+    /// GPT-BigCode's one shared key/value head.
+    pub multi_query: Option<bool>,
 }
 
 /// `BertConfig`.
@@ -183,6 +191,13 @@ pub(super) struct LnDecoderConfig {
     /// `slow_but_exact`).
     pub pretraining_tp: Option<u64>,
     pub slow_but_exact: Option<bool>,
+    /// StableLM's biases on Q, K and V.
+    pub use_qkv_bias: Option<bool>,
+    /// StarCoder2's biases on every linear, its dropouts and its sliding window.
+    pub use_bias: Option<bool>,
+    pub residual_dropout: Option<f64>,
+    pub embedding_dropout: Option<f64>,
+    pub sliding_window: Option<u64>,
 }
 
 /// Reads `text` (a whole `config.json`) as `T`, naming the field path and position on error

@@ -64,6 +64,10 @@ pub(super) struct DecoderFamily {
     pub sliding: Sliding,
     /// Which layers are a mixture of experts.
     pub moe: Moe,
+    /// Granite's scalar multipliers (`modeling_granite.py`): the embeddings times
+    /// `embedding_multiplier`, each attention and MLP output times `residual_multiplier` before
+    /// its residual sum, the logits divided by `logits_scaling`; each a new tensor, nothing kept.
+    pub multipliers: bool,
 }
 
 /// Default of `num_key_value_heads`.
@@ -97,6 +101,9 @@ pub(super) enum Norm {
     Gemma,
     /// `Olmo2RMSNorm`: the weight times the float32 normalized tensor, cast back.
     Olmo2,
+    /// `OlmoLayerNorm`: a LayerNorm without weight or bias over a float32 copy, cast back
+    /// (memest's `layernorm` with `affine = false`, `upcast = true`).
+    OlmoLayer,
 }
 
 /// Where a decoder layer normalizes.
@@ -163,12 +170,20 @@ pub(super) enum Moe {
     /// `num_experts` (default 60) with a gated shared expert, on every `decoder_sparse_step`-th
     /// layer not in `mlp_only_layers` (Qwen2-MoE).
     Qwen2,
+    /// `num_experts` (default 128) of `moe_intermediate_size` (default 768), no shared expert,
+    /// renormalized as `norm_topk_prob` says (default false), on the layers Qwen2-MoE's rule
+    /// picks (Qwen3-MoE: `Qwen3MoeSparseMoeBlock`, a router and the experts).
+    Qwen3,
 }
 
 /// `max_window_layers` when the config leaves it out (Qwen2 and Qwen2-MoE config classes).
 const MAX_WINDOW_LAYERS: u64 = 28;
 /// `num_experts` when the config leaves it out (`Qwen2MoeConfig`).
 const QWEN2_MOE_EXPERTS: u64 = 60;
+/// `num_experts` and `moe_intermediate_size` when the config leaves them out
+/// (`Qwen3MoeConfig`).
+const QWEN3_MOE_EXPERTS: u64 = 128;
+const QWEN3_MOE_INTERMEDIATE: u64 = 768;
 
 /// The MLP of one decoder layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -236,6 +251,21 @@ fn mlps(
             shared_gate: false,
             normalize: true,
         }),
+        Moe::Qwen3 => {
+            let experts = c.num_experts.unwrap_or(QWEN3_MOE_EXPERTS);
+            if experts > 0 {
+                Some(Mlp::Moe {
+                    experts,
+                    top_k: c.num_experts_per_tok.unwrap_or(8),
+                    intermediate: c.moe_intermediate_size.unwrap_or(QWEN3_MOE_INTERMEDIATE),
+                    shared: 0,
+                    shared_gate: false,
+                    normalize: c.norm_topk_prob.unwrap_or(false),
+                })
+            } else {
+                None
+            }
+        }
         Moe::Qwen2 => {
             let experts = c.num_experts.unwrap_or(QWEN2_MOE_EXPERTS);
             if experts > 0 {
@@ -253,7 +283,7 @@ fn mlps(
         }
     };
     let sparse_step = match row.moe {
-        Moe::Qwen2 => c.decoder_sparse_step.unwrap_or(1),
+        Moe::Qwen2 | Moe::Qwen3 => c.decoder_sparse_step.unwrap_or(1),
         _ => 1,
     };
     let mlp_only = c.mlp_only_layers.as_deref().unwrap_or_default();
@@ -279,6 +309,12 @@ pub(super) fn decoder(
     head: Resolved,
 ) -> Result<(Vec<LayerSpec>, u64), Error> {
     let c: DecoderConfig = cfg.read()?;
+    if c.clip_qkv.is_some() {
+        return Err(cfg.field_err(
+            "clip_qkv",
+            "`clip_qkv` (OLMo's in-place clamp of Q, K and V) is not supported".into(),
+        ));
+    }
     let vocab = required!(cfg, c.vocab_size)?;
     let hidden = required!(cfg, c.hidden_size)?;
     let n_layers = layer_count!(cfg, c.num_hidden_layers)?;
@@ -338,6 +374,18 @@ pub(super) fn decoder(
     let mut out = Vec::new();
     let embed = p("embed_tokens");
     push(&mut out, embedding(&embed, vocab, hidden));
+    if row.multipliers {
+        push(
+            &mut out,
+            with_note(
+                LayerSpec {
+                    factor: Some(c.embedding_multiplier.unwrap_or(1.0)),
+                    ..layer(K::Scale, &p("embedding_multiplier"))
+                },
+                "Granite: inputs_embeds * embedding_multiplier",
+            ),
+        );
+    }
     if row.embed_scale {
         #[allow(clippy::cast_precision_loss)]
         let factor = (hidden as f64).sqrt();
@@ -376,6 +424,9 @@ pub(super) fn decoder(
                 out_bias,
                 dropout: attn_dropout,
                 sliding_window: v.sliding_window,
+                residual_multiplier: row
+                    .multipliers
+                    .then(|| c.residual_multiplier.unwrap_or(1.0)),
             },
             &v.mlp,
             mlp_bias,
@@ -393,6 +444,21 @@ pub(super) fn decoder(
     }
     push(&mut out, family_norm(row, &p("norm")));
     causal_head(&mut out, cfg, head, vocab, tie.then_some(embed.as_str()))?;
+    if row.multipliers && head == Resolved::Lm {
+        // GraniteForCausalLM: `logits = logits / self.config.logits_scaling`, before the loss.
+        let loss = out.pop().expect("the causal head ends in its loss");
+        push(
+            &mut out,
+            with_note(
+                LayerSpec {
+                    factor: Some(1.0 / c.logits_scaling.unwrap_or(1.0)),
+                    ..layer(K::Scale, "logits_scaling")
+                },
+                "Granite: logits / logits_scaling",
+            ),
+        );
+        out.push(loss);
+    }
     Ok((out, max_pos))
 }
 
@@ -402,6 +468,13 @@ fn family_norm(row: &DecoderFamily, name: &str) -> LayerSpec {
         Norm::Llama => None,
         Norm::Gemma => Some(Style::Gemma),
         Norm::Olmo2 => Some(Style::Olmo2),
+        Norm::OlmoLayer => {
+            return LayerSpec {
+                affine: Some(false),
+                upcast: Some(true),
+                ..layer(K::LayerNorm, name)
+            };
+        }
     };
     LayerSpec {
         style,
@@ -419,6 +492,8 @@ struct DecoderAttn {
     out_bias: bool,
     dropout: f64,
     sliding_window: Option<u64>,
+    /// Granite's `residual_multiplier` (`None` for the other families).
+    residual_multiplier: Option<f64>,
 }
 
 /// One decoder layer: attention and MLP, each with its residual, normalized before
@@ -466,6 +541,12 @@ fn decoder_layer(
         prev
     };
     let prev = push_dropout(&mut body, "resid_attn_dropout", resid_dropout, prev);
+    let prev = residual_scale(
+        &mut body,
+        a.residual_multiplier,
+        "attn_residual_multiplier",
+        prev,
+    );
     let residual1 = push(&mut body, add("residual1", "input", &prev));
     let mlp_in = if post {
         residual1.clone()
@@ -582,6 +663,32 @@ fn decoder_layer(
         prev
     };
     let prev = push_dropout(&mut body, "resid_mlp_dropout", resid_dropout, prev);
+    let prev = residual_scale(
+        &mut body,
+        a.residual_multiplier,
+        "mlp_residual_multiplier",
+        prev,
+    );
     push(&mut body, add("residual2", &residual1, &prev));
     Ok(body)
+}
+
+/// Granite's `hidden_states * residual_multiplier` before a residual sum; returns the name of
+/// the last layer.
+fn residual_scale(
+    body: &mut Vec<LayerSpec>,
+    multiplier: Option<f64>,
+    name: &str,
+    prev: String,
+) -> String {
+    match multiplier {
+        Some(m) => push(
+            body,
+            LayerSpec {
+                factor: Some(m),
+                ..layer(K::Scale, name)
+            },
+        ),
+        None => prev,
+    }
 }

@@ -1,4 +1,7 @@
-//! GPT-2 (`GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `GPT2Model`).
+//! GPT-2 (`GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `GPT2Model`) and GPT-BigCode
+//! (StarCoder, SantaCoder: `GPTBigCodeForCausalLM`, `models/gpt_bigcode/modeling_gpt_bigcode.py`),
+//! GPT-2 with multi-query attention: `c_attn` projects `hidden + 2·head_dim` (one key and one
+//! value head shared by every query head) when `multi_query` (default true).
 
 use super::Resolved;
 use super::config::{Cfg, Gpt2Config, layer_count, prob, required};
@@ -11,6 +14,16 @@ use crate::spec::{LayerKind as K, LayerSpec};
 
 /// Builds GPT-2 as transformers' `modeling_gpt2.py` does; returns the layers and `n_positions`.
 pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    build(cfg, head, false)
+}
+
+/// Builds GPT-BigCode as `modeling_gpt_bigcode.py` does; returns the layers and `n_positions`.
+pub(super) fn gpt_bigcode(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    build(cfg, head, true)
+}
+
+/// GPT-2, or GPT-BigCode when `bigcode`.
+fn build(cfg: &Cfg, head: Resolved, bigcode: bool) -> Result<(Vec<LayerSpec>, u64), Error> {
     let c: Gpt2Config = cfg.read()?;
     let vocab = required!(cfg, c.vocab_size)?;
     let hidden = required!(cfg, c.n_embd)?;
@@ -23,7 +36,13 @@ pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
             .checked_mul(4)
             .ok_or_else(|| Error::Overflow("GPT-2's MLP width (4 × n_embd)".into()))?,
     };
-    let act_name = c.activation_function.as_deref().unwrap_or("gelu_new");
+    let act_name = c.activation_function.as_deref().unwrap_or(if bigcode {
+        "gelu_pytorch_tanh"
+    } else {
+        "gelu_new"
+    });
+    // GPTBigCodeAttention: `kv_heads = 1 if multi_query else num_heads`.
+    let kv_heads = (bigcode && c.multi_query.unwrap_or(true)).then_some(1);
     let embd_p = prob!(cfg, c.embd_pdrop, 0.1)?;
     let attn_p = prob!(cfg, c.attn_pdrop, 0.1)?;
     let resid_p = prob!(cfg, c.resid_pdrop, 0.1)?;
@@ -39,6 +58,8 @@ pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         &mut out,
         LayerSpec {
             num_positions: Some(positions),
+            // GPTBigCodeModel registers `bias`, a [n_positions, n_positions] bool tril buffer.
+            mask_buffer: bigcode.then_some(positions),
             ..layer(K::PositionEmbedding, &p("wpe"))
         },
     );
@@ -51,10 +72,16 @@ pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), E
         &mut body,
         LayerSpec {
             heads: Some(heads),
+            kv_heads,
             fused_qkv: Some(true),
             causal: Some(true),
             dropout: (attn_p > 0.0).then_some(attn_p),
-            note: Some("c_attn (fused QKV) and c_proj".into()),
+            note: Some(if kv_heads.is_some() {
+                "c_attn (fused: all query heads, one shared key and one value head) and c_proj"
+                    .into()
+            } else {
+                "c_attn (fused QKV) and c_proj".into()
+            }),
             ..layer(K::Attention, "attn")
         },
     );

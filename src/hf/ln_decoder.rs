@@ -513,6 +513,193 @@ pub(super) fn bloom(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), 
     Ok((out, 2048))
 }
 
+/// StableLM (`StableLmForCausalLM`, `models/stablelm/modeling_stablelm.py`): LayerNorms, Q/K/V
+/// with biases as `use_qkv_bias` says (default false), `o_proj` without, partial rotary
+/// (`partial_rotary_factor`, default 0.25, joined back with `cat`), a SiLU-gated MLP without
+/// biases, sequential or (`use_parallel_residual`) parallel; `hidden_dropout` on the MLP
+/// output; untied head. Returns the layers and `max_position_embeddings`.
+pub(super) fn stablelm(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    let c: LnDecoderConfig = cfg.read()?;
+    let vocab = required!(cfg, c.vocab_size)?;
+    let hidden = required!(cfg, c.hidden_size)?;
+    let n_layers = layer_count!(cfg, c.num_hidden_layers)?;
+    let heads = required!(cfg, c.num_attention_heads)?;
+    let kv_heads = c.num_key_value_heads.unwrap_or(heads);
+    let intermediate = required!(cfg, c.intermediate_size)?;
+    let hd = head_dim(cfg, hidden, heads)?;
+    let positions = c.max_position_embeddings.unwrap_or(4096);
+    let act_name = c.hidden_act.as_deref().unwrap_or("silu");
+    let attn_p = prob!(cfg, c.attention_dropout, 0.0)?;
+    let hidden_p = prob!(cfg, c.hidden_dropout, 0.0)?;
+    let qkv_bias = c.use_qkv_bias.unwrap_or(false);
+    let parallel = c.use_parallel_residual.unwrap_or(false);
+    if c.qk_layernorm.unwrap_or(false) {
+        return Err(cfg.err(
+            "`qk_layernorm = true` (a LayerNorm per head on the queries and keys) is not supported"
+                .into(),
+        ));
+    }
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(cfg.field_err(
+            "num_key_value_heads",
+            format!("`num_attention_heads` ({heads}) must be a multiple of `num_key_value_heads` ({kv_heads})"),
+        ));
+    }
+    // StableLmConfig: `kwargs.setdefault("partial_rotary_factor", 0.25)`.
+    let rot = rotary_dims(hd, partial_factor(&c, None, 0.25));
+
+    let p = module_path(head, "model");
+    let mut out = Vec::new();
+    let embed = push(&mut out, embedding(&p("embed_tokens"), vocab, hidden));
+    push(&mut out, rotary(&p("rotary_emb"), rot, true));
+
+    let mut body = Vec::new();
+    let ln = push(&mut body, layernorm("input_layernorm"));
+    let attn = push(
+        &mut body,
+        LayerSpec {
+            heads: Some(heads),
+            kv_heads: (kv_heads != heads).then_some(kv_heads),
+            causal: Some(true),
+            bias: (!qkv_bias).then_some(false),
+            out_bias: qkv_bias.then_some(false),
+            rotary: Some(true),
+            dropout: (attn_p > 0.0).then_some(attn_p),
+            softmax_f32: Some(true),
+            ..layer(K::Attention, "self_attn")
+        },
+    );
+    let (mlp_in, residual) = if parallel {
+        (ln, String::new())
+    } else {
+        let r = push(&mut body, add("residual1", "input", &attn));
+        (push(&mut body, layernorm("post_attention_layernorm")), r)
+    };
+    push(
+        &mut body,
+        with_inputs(linear("mlp.gate_proj", intermediate, false), &[&mlp_in]),
+    );
+    let act = push(
+        &mut body,
+        activation(cfg, "hidden_act", act_name, "mlp.act_fn")?,
+    );
+    let up = push(
+        &mut body,
+        with_inputs(linear("mlp.up_proj", intermediate, false), &[&mlp_in]),
+    );
+    push(
+        &mut body,
+        with_inputs(layer(K::Mul, "mlp.gate_mul_up"), &[&act, &up]),
+    );
+    let m = push(&mut body, linear("mlp.down_proj", hidden, false));
+    let m = push_dropout(&mut body, "dropout", hidden_p, m);
+    if parallel {
+        // `residual + self_attn_output + mlp_output`.
+        let sum = push(&mut body, add("residual_plus_attn", "input", &attn));
+        push(&mut body, add("residual", &sum, &m));
+    } else {
+        push(&mut body, add("residual2", &residual, &m));
+    }
+    push(
+        &mut out,
+        repeat(&p("layers"), "num_hidden_layers", n_layers, body),
+    );
+    push(&mut out, layernorm(&p("norm")));
+    let tie = cfg.tie(false);
+    lm_head(
+        &mut out,
+        cfg,
+        head,
+        "lm_head",
+        vocab,
+        false,
+        tie.then_some(&embed),
+    )?;
+    Ok((out, positions))
+}
+
+/// StarCoder2 (`Starcoder2ForCausalLM`, `models/starcoder2/modeling_starcoder2.py`): pre-norm
+/// LayerNorms, Q/K/V/O and the MLP's `c_fc`, `c_proj` with biases as `use_bias` says (default
+/// true), full rotary, `residual_dropout` on the attention and MLP outputs,
+/// `embedding_dropout`, `sliding_window`; LM head tied by default. Returns the layers and
+/// `max_position_embeddings`.
+pub(super) fn starcoder2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
+    let c: LnDecoderConfig = cfg.read()?;
+    let vocab = required!(cfg, c.vocab_size)?;
+    let hidden = required!(cfg, c.hidden_size)?;
+    let n_layers = layer_count!(cfg, c.num_hidden_layers)?;
+    let heads = required!(cfg, c.num_attention_heads)?;
+    let kv_heads = c.num_key_value_heads.unwrap_or(2);
+    let intermediate = required!(cfg, c.intermediate_size)?;
+    let hd = head_dim(cfg, hidden, heads)?;
+    let positions = c.max_position_embeddings.unwrap_or(4096);
+    let act_name = c.hidden_act.as_deref().unwrap_or("gelu_pytorch_tanh");
+    let attn_p = prob!(cfg, c.attention_dropout, 0.0)?;
+    let resid_p = prob!(cfg, c.residual_dropout, 0.0)?;
+    let embd_p = prob!(cfg, c.embedding_dropout, 0.0)?;
+    let bias = c.use_bias.unwrap_or(true);
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(cfg.field_err(
+            "num_key_value_heads",
+            format!("`num_attention_heads` ({heads}) must be a multiple of `num_key_value_heads` ({kv_heads})"),
+        ));
+    }
+
+    let p = module_path(head, "model");
+    let mut out = Vec::new();
+    let embed = push(&mut out, embedding(&p("embed_tokens"), vocab, hidden));
+    push_dropout(&mut out, &p("embedding_dropout"), embd_p, embed.clone());
+    push(&mut out, rotary(&p("rotary_emb"), hd, false));
+
+    let mut body = Vec::new();
+    push(&mut body, layernorm("input_layernorm"));
+    let attn = push(
+        &mut body,
+        LayerSpec {
+            heads: Some(heads),
+            kv_heads: (kv_heads != heads).then_some(kv_heads),
+            causal: Some(true),
+            bias: (!bias).then_some(false),
+            rotary: Some(true),
+            dropout: (attn_p > 0.0).then_some(attn_p),
+            softmax_f32: Some(true),
+            sliding_window: c.sliding_window.filter(|&w| w > 0),
+            ..layer(K::Attention, "self_attn")
+        },
+    );
+    let attn = push_dropout(&mut body, "self_attn.residual_dropout", resid_p, attn);
+    let residual = push(&mut body, add("residual1", "input", &attn));
+    let ln = push(&mut body, layernorm("post_attention_layernorm"));
+    let act = activation(cfg, "hidden_act", act_name, "mlp.act")?;
+    let m = mlp(
+        &mut body,
+        &ln,
+        ("mlp.c_fc", act),
+        "mlp.c_proj",
+        intermediate,
+        hidden,
+        bias,
+    );
+    let m = push_dropout(&mut body, "mlp.residual_dropout", resid_p, m);
+    push(&mut body, add("residual2", &residual, &m));
+    push(
+        &mut out,
+        repeat(&p("layers"), "num_hidden_layers", n_layers, body),
+    );
+    push(&mut out, layernorm(&p("norm")));
+    let tie = cfg.tie(true);
+    lm_head(
+        &mut out,
+        cfg,
+        head,
+        "lm_head",
+        vocab,
+        false,
+        tie.then_some(&embed),
+    )?;
+    Ok((out, positions))
+}
+
 /// The causal head under its module name (`embed_out`, `lm_head`), with a bias (Phi) or tied.
 fn lm_head(
     out: &mut Vec<LayerSpec>,

@@ -67,6 +67,7 @@ const LLAMA: DecoderFamily = DecoderFamily {
     rotary_f32: false,
     sliding: Sliding::None,
     moe: Moe::None,
+    multipliers: false,
 };
 
 /// The Llama-style decoder families, one row each: the defaults of the transformers config
@@ -129,6 +130,25 @@ const DECODERS: &[DecoderFamily] = &[
         ..LLAMA
     },
     DecoderFamily {
+        model_type: "granite",
+        arch_prefix: "granite",
+        mlp_bias: true,
+        multipliers: true,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "qwen3_moe",
+        arch_prefix: "qwen3moe",
+        kv_heads: KvHeads::Fixed(4),
+        head_dim: Some(128),
+        max_positions: 32768,
+        mlp_bias: false,
+        qk_norm: QkNorm::Head,
+        sliding: Sliding::Qwen2,
+        moe: Moe::Qwen3,
+        ..LLAMA
+    },
+    DecoderFamily {
         model_type: "gemma",
         arch_prefix: "gemma",
         kv_heads: KvHeads::Fixed(16),
@@ -158,6 +178,15 @@ const DECODERS: &[DecoderFamily] = &[
         ..LLAMA
     },
     DecoderFamily {
+        model_type: "olmo",
+        arch_prefix: "olmo",
+        max_positions: 2048,
+        mlp_bias: false,
+        norm: Norm::OlmoLayer,
+        rotary_f32: true,
+        ..LLAMA
+    },
+    DecoderFamily {
         model_type: "olmo2",
         arch_prefix: "olmo2",
         mlp_bias: false,
@@ -174,10 +203,14 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("gpt2", "gpt2", Family::Gpt2),
     ("bert", "bert", Family::Bert),
     ("t5", "t5", Family::T5),
+    ("mt5", "mt5", Family::T5),
+    ("gpt_bigcode", "gptbigcode", Family::GptBigCode),
     ("gpt_neox", "gptneox", Family::GptNeox),
     ("phi", "phi", Family::Phi),
     ("falcon", "falcon", Family::Falcon),
     ("bloom", "bloom", Family::Bloom),
+    ("stablelm", "stablelm", Family::StableLm),
+    ("starcoder2", "starcoder2", Family::Starcoder2),
     ("roberta", "roberta", Family::Roberta),
     ("xlm-roberta", "xlmroberta", Family::Roberta),
 ];
@@ -369,6 +402,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
     let head = resolve_head(head, arch.as_deref(), family, &model_type)?;
     let (mut layers, seq) = match family {
         Family::Gpt2 => gpt2::gpt2(&cfg, head)?,
+        Family::GptBigCode => gpt2::gpt_bigcode(&cfg, head)?,
         Family::Bert => bert::bert(&cfg, head)?,
         Family::T5 => t5::t5(&cfg, head)?,
         Family::Roberta => bert::roberta(&cfg, head)?,
@@ -376,6 +410,8 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         Family::Phi => ln_decoder::phi(&cfg, head)?,
         Family::Falcon => ln_decoder::falcon(&cfg, head)?,
         Family::Bloom => ln_decoder::bloom(&cfg, head)?,
+        Family::StableLm => ln_decoder::stablelm(&cfg, head)?,
+        Family::Starcoder2 => ln_decoder::starcoder2(&cfg, head)?,
         Family::Decoder(row) => decoder::decoder(&cfg, row, head)?,
     };
     if cfg.header.use_cache == Some(false) {
@@ -452,7 +488,7 @@ fn no_kv_cache(layers: &mut [LayerSpec]) {
 
 /// The `model_type` of the family whose architecture prefix starts the first of
 /// `architectures` (`Qwen2MoeForCausalLM` → `qwen2_moe`); the longest prefix wins, and a prefix
-/// followed by a digit does not match (`Gemma2…` is not `gemma`).
+/// must end where a capitalized word begins (`Gemma2…` is not `gemma`, `Olmoe…` not `olmo`).
 fn infer_model_type(architectures: Option<&[String]>) -> Result<String, Error> {
     let arch = architectures
         .and_then(|a| a.first())
@@ -464,7 +500,9 @@ fn infer_model_type(architectures: Option<&[String]>) -> Result<String, Error> {
         .chain(OTHERS.iter().map(|o| (o.1, o.0)))
         .filter(|(prefix, _)| {
             lower.starts_with(prefix)
-                && !lower[prefix.len()..].starts_with(|c: char| c.is_ascii_digit())
+                && arch
+                    .get(prefix.len()..)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(|c: char| c.is_ascii_uppercase()))
         })
         .max_by_key(|(prefix, _)| prefix.len())
         .map(|(_, ty)| ty.to_string())
@@ -482,6 +520,8 @@ enum Family {
     /// A Llama-style decoder, built from its row of [`DECODERS`].
     Decoder(&'static DecoderFamily),
     Gpt2,
+    /// GPT-2 with multi-query attention (`gpt2.rs`).
+    GptBigCode,
     Bert,
     T5,
     /// RoBERTa and XLM-RoBERTa (`bert.rs`).
@@ -491,6 +531,8 @@ enum Family {
     Phi,
     Falcon,
     Bloom,
+    StableLm,
+    Starcoder2,
 }
 
 impl Family {
@@ -534,10 +576,14 @@ fn resolve_head(
     let lm_suffixes: &[&str] = match family {
         Family::Bert | Family::Roberta => &["ForMaskedLM"],
         Family::T5 => &["ForConditionalGeneration"],
-        Family::Gpt2 => &["LMHeadModel", "ForCausalLM"],
-        Family::Decoder(_) | Family::GptNeox | Family::Phi | Family::Falcon | Family::Bloom => {
-            &["ForCausalLM"]
-        }
+        Family::Gpt2 | Family::GptBigCode => &["LMHeadModel", "ForCausalLM"],
+        Family::Decoder(_)
+        | Family::GptNeox
+        | Family::Phi
+        | Family::Falcon
+        | Family::Bloom
+        | Family::StableLm
+        | Family::Starcoder2 => &["ForCausalLM"],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)
@@ -759,7 +805,8 @@ mod tests {
         assert_eq!(infer("Olmo2ForCausalLM").as_deref(), Some("olmo2"));
         assert_eq!(infer("T5ForConditionalGeneration").as_deref(), Some("t5"));
         assert_eq!(infer("Gemma2ForCausalLM"), None);
-        assert_eq!(infer("OlmoForCausalLM"), None);
+        assert_eq!(infer("OlmoForCausalLM").as_deref(), Some("olmo"));
+        assert_eq!(infer("OlmoeForCausalLM"), None);
     }
 
     #[test]

@@ -44,7 +44,8 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     };
     // T5Config always ties the LM head; a config that says `tie_word_embeddings = false`
     // (T5 v1.1) only turns off the decoder-output scaling.
-    let scale_outputs = cfg.tie(true);
+    // mT5 ties always too, but its `MT5ForConditionalGeneration` never scales.
+    let scale_outputs = cfg.model_type != "mt5" && cfg.tie(true);
     let seq = c.n_positions.unwrap_or(512);
     let head_dim = (heads.checked_mul(d_kv) != Some(d_model)).then_some(d_kv);
 

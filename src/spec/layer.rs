@@ -50,6 +50,8 @@ pub struct LayerSpec {
     pub ids_buffer: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ids_per_batch: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_buffer: Option<u64>,
     // conv / pooling
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_channels: Option<u64>,

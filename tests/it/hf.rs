@@ -49,6 +49,20 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // roberta-base (masked LM): 514 positions, one token type, lm_head tied with its bias.
     ("examples/hf/roberta-base.json", 124_697_433),
     ("examples/hf/xlm-roberta-base.json", 278_295_186),
+    // StarCoder (GPT-BigCode): multi-query c_attn 6144·(6144 + 2·128) + bias, n_inner 24576.
+    ("examples/hf/starcoder.json", 15_517_456_384),
+    // mt5-small: transformers 5 ties its LM head to `shared` whatever the config says.
+    ("examples/hf/mt5-small.json", 172_119_424),
+    // Qwen3-30B-A3B: 128 experts of 768 per layer, top 8, q/k norms.
+    ("examples/hf/qwen3-30b-a3b.json", 30_532_122_624),
+    // stablelm-2-1.6b: LayerNorms with biases, Q/K/V biases, SiLU-gated MLP, untied head.
+    ("examples/hf/stablelm-2-1_6b.json", 1_644_515_328),
+    // StarCoder2-3B: biases everywhere, 2 K/V heads, tied head.
+    ("examples/hf/starcoder2-3b.json", 3_030_371_328),
+    // granite-3.0-2b-base: Llama's layers (the multipliers have no parameters), tied head.
+    ("examples/hf/granite-3.0-2b-base.json", 2_533_531_648),
+    // OLMo-1B-hf: LayerNorms without parameters, tied head.
+    ("examples/hf/olmo-1b-hf.json", 1_176_764_416),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it).

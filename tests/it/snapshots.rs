@@ -144,6 +144,13 @@ mod example {
         hf_pythia_1_4b => "examples/hf/pythia-1.4b.json",
         hf_roberta_base => "examples/hf/roberta-base.json",
         hf_xlm_roberta_base => "examples/hf/xlm-roberta-base.json",
+        hf_starcoder => "examples/hf/starcoder.json",
+        hf_mt5_small => "examples/hf/mt5-small.json",
+        hf_qwen3_30b_a3b => "examples/hf/qwen3-30b-a3b.json",
+        hf_stablelm_2_1_6b => "examples/hf/stablelm-2-1_6b.json",
+        hf_starcoder2_3b => "examples/hf/starcoder2-3b.json",
+        hf_granite_3_0_2b_base => "examples/hf/granite-3.0-2b-base.json",
+        hf_olmo_1b_hf => "examples/hf/olmo-1b-hf.json",
     }
 }
 
@@ -259,6 +266,8 @@ mod print_model {
         hf_phi_2 => ["--print-model", "examples/hf/phi-2.json"],
         hf_pythia_1_4b => ["--print-model", "examples/hf/pythia-1.4b.json"],
         hf_roberta_base => ["--print-model", "examples/hf/roberta-base.json"],
+        hf_starcoder => ["--print-model", "examples/hf/starcoder.json"],
+        hf_qwen3_30b_a3b => ["--print-model", "examples/hf/qwen3-30b-a3b.json"],
         hf_t5_small => ["--print-model", "examples/hf/t5-small.json"],
     }
 }

@@ -69,6 +69,13 @@ impl Tracer<'_> {
         let (_, s, h) = self.bsh(&xv)?;
         self.shaped(position_shape(c, &xv.shape))?;
         let w = self.param(Shape::from([c.num_positions, h]), train)?;
+        if c.mask_buffer > 0 {
+            self.buffer(
+                Shape::from([c.mask_buffer, c.mask_buffer]),
+                DType::Bool,
+                "causal mask buffer",
+            )?;
+        }
         let (bsz, ..) = self.bsh(&xv)?;
         if c.ids_per_batch {
             if c.ids_buffer > 0 {
@@ -290,6 +297,7 @@ mod tests {
             num_positions: 4,
             ids_buffer: 0,
             ids_per_batch: false,
+            mask_buffer: 0,
         };
         assert!(position_shape(&c, &Shape::from([2, 4, 8])).is_ok());
         assert!(position_shape(&c, &Shape::from([2, 5, 8])).is_err());

@@ -101,7 +101,7 @@ impl Tracer<'_> {
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let h = self.last_dim(&xv, "layernorm")?;
-        let xin = if self.autocast_f32_norms() {
+        let xin = if self.autocast_f32_norms() || c.upcast {
             self.upcast_f32(x)?
         } else {
             x
@@ -117,7 +117,15 @@ impl Tracer<'_> {
         }
         let rows = xv.shape.with_last(1);
         // derivatives.yaml `native_layer_norm`: input, weight, bias, mean, rstd.
-        self.norm_with_stats(AtenOp::NativeLayerNorm, xin, ins, &xv.shape, rows)
+        let y = self.norm_with_stats(AtenOp::NativeLayerNorm, xin, ins, &xv.shape, rows)?;
+        let yv = self.val(y).clone();
+        if !c.upcast || yv.dtype == xv.dtype || self.s.amp.is_some() {
+            return Ok(y);
+        }
+        // `.to(orig_dtype)`: a 16-bit copy of the float32 result.
+        let back = self.fresh(yv.shape.clone(), xv.dtype, "cast back", yv.requires_grad)?;
+        self.call(Call::new(AtenOp::ToCopy, vec![y], vec![back]))?;
+        Ok(back)
     }
 
     /// RMSNorm over the last dimension (see [`RmsNormCfg`]).
