@@ -299,3 +299,35 @@ fn generate_needs_a_decoder() {
         );
     }
 }
+
+/// Eager attention at decode repeats the grouped-query cache per head (transformers'
+/// `repeat_kv`): the same generation with `attn_implementation="eager"` measured 88,440,856 B in
+/// the prefill and 88,788,382 B in the last decode step.
+#[test]
+fn eager_generation_repeats_the_cache_per_head() {
+    let r = cpu_report(&[
+        LLAMA_TINY,
+        "--prompt",
+        "8",
+        "--new-tokens",
+        "128",
+        "--batch",
+        "1",
+        "--attention",
+        "eager",
+    ]);
+    let g = &r["generation"];
+    assert_eq!(g["peak_phase"], "decode");
+    within(
+        u(g, "prefill_peak_bytes"),
+        88_440_856,
+        0.5,
+        "prefill peak, eager",
+    );
+    within(
+        u(g, "decode_peak_bytes"),
+        88_788_382,
+        0.1,
+        "decode peak, eager",
+    );
+}
