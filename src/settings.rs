@@ -387,6 +387,16 @@ impl Settings {
                 ));
             }
             Some(i) => i,
+            // What torch.optim picks when neither `foreach` nor `fused` is given
+            // (`torch/optim/optimizer.py`, `_default_to_fused_or_foreach`): foreach when every
+            // parameter is on a device with foreach kernels (CUDA), the for-loop on the CPU;
+            // never fused.
+            None if optimizer.is_torch_optim()
+                && o.device.or(defaults.device) == Some(Device::Cpu)
+                && mode == Mode::Train =>
+            {
+                OptimizerImpl::ForLoop
+            }
             None => OptimizerImpl::Foreach,
         };
         let recipe = match o.recipe {
@@ -683,6 +693,32 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.optimizer, None);
+    }
+
+    /// torch.optim's own default: foreach on CUDA, the for-loop on the CPU
+    /// (`_default_to_fused_or_foreach`); optimizers outside torch.optim keep their one
+    /// implementation.
+    #[test]
+    fn optimizer_impl_defaults_to_what_torch_picks_on_the_device() {
+        let on = |device, optimizer| {
+            resolve(&Overrides {
+                device: Some(device),
+                optimizer: Some(optimizer),
+                ..Overrides::default()
+            })
+            .unwrap()
+            .optimizer_impl
+        };
+        assert_eq!(on(Device::Cuda, Optimizer::Adamw), OptimizerImpl::Foreach);
+        assert_eq!(on(Device::Cpu, Optimizer::Adamw), OptimizerImpl::ForLoop);
+        assert_eq!(on(Device::Cpu, Optimizer::Lion), OptimizerImpl::Foreach);
+        let s = resolve(&Overrides {
+            device: Some(Device::Cpu),
+            optimizer_impl: Some(OptimizerImpl::Foreach),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(s.optimizer_impl, OptimizerImpl::Foreach);
     }
 
     fn resolve(o: &Overrides) -> Result<Settings, Error> {

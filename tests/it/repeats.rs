@@ -60,6 +60,7 @@ fn llama_tiny_at_64_layers_peaks_in_the_optimizer_step_as_unrolled() {
         batch: Some(1),
         seq: Some(384),
         device: Some(Device::Cpu),
+        optimizer_impl: Some(memest::settings::OptimizerImpl::Foreach),
         ..Overrides::default()
     };
     let (symbolic, unrolled) = both(&s, &o);

@@ -14,10 +14,11 @@ const LLAMA_TINY: &str = "examples/hf/llama_tiny.json";
 const BERT_TINY_MLM: &str = "tests/fixtures/hf/bert_tiny_mlm.json";
 const LLAMA_SMALL: &str = "tests/fixtures/serve/llama_small.json";
 
-/// `report` on PyTorch's CPU kernels, where the figures were measured.
+/// `report` on PyTorch's CPU kernels, where the figures were measured (training with
+/// `foreach=True`, as measure.py's optimizers run; the CPU default is the for-loop).
 fn cpu_report(args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
-    all.extend(["--device", "cpu"]);
+    all.extend(["--device", "cpu", "--optim-impl", "foreach"]);
     report(&all)
 }
 
