@@ -279,9 +279,10 @@ impl Tracer<'_> {
         };
         let math = fused
             && !torch_mha
-            && self.s.device == Device::Cpu
-            && self.training()
-            && c.dropout > 0.0;
+            && match self.s.device {
+                Device::Cpu => self.training() && c.dropout > 0.0,
+                Device::Cuda => c.bool_mask && self.cuda_math_sdpa(q, k, bias),
+            };
         let ctx = if math {
             self.sdpa_math(q, k, v, c, bias)?
         } else if fused {
@@ -502,6 +503,22 @@ impl Tracer<'_> {
             qv.dtype,
             "context",
         )
+    }
+
+    /// Whether CUDA SDPA falls back to its math path: the memory-efficient kernel (what float32
+    /// inputs get) needs as many K/V heads as query heads unless `enable_gqa` is passed
+    /// (`check_batch_size_and_num_heads_dense` in `sdp_utils.cpp`), and a caller that calls
+    /// `scaled_dot_product_attention` itself with fewer K/V heads (Falcon's multi-query
+    /// attention, the `bool_mask` layers) passes none. transformers' own SDPA path passes
+    /// `enable_gqa` instead, so the caller decides (`c.bool_mask` at the call site).
+    fn cuda_math_sdpa(&self, q: ValueId, k: ValueId, bias: Option<ValueId>) -> bool {
+        let (qv, kv) = (self.val(q), self.val(k));
+        let dtype = match self.s.amp {
+            Some(amp) if qv.dtype.is_float() => amp.dtype(),
+            _ => qv.dtype,
+        };
+        let kernel = cuda_sdpa_kernel(dtype, bias.map(|m| self.rg(m)), EMULATED_SM);
+        kernel == CudaSdpa::Efficient && kv.shape.dims()[1] != qv.shape.dims()[1]
     }
 
     /// SDPA's math path, `_scaled_dot_product_attention_math`
