@@ -79,6 +79,11 @@ pub struct AttentionCfg {
     /// query.shape)` then `flatten(2, 3)`): the parameters count `kv_heads`, the activations
     /// `heads`.
     pub expand_kv: bool,
+    /// Soft-capping of the eager scores, `tanh(scores / cap) · cap` (Gemma 2's
+    /// `attn_logit_softcapping`): two scalar products and a `tanh`, which keeps its output
+    /// `[B, heads, S, S_kv]`. SDPA has no such option (transformers runs Gemma 2 eagerly); the
+    /// fused path ignores it.
+    pub softcap: Option<f64>,
 }
 
 impl AttentionCfg {
@@ -103,7 +108,13 @@ impl AttentionCfg {
         let softmax_f32 = r.or(key!(s.softmax_f32), false);
         let bool_mask = r.or(key!(s.bool_mask), false);
         let expand_kv = r.or(key!(s.expand_kv), false);
+        let softcap: Option<f64> = r.opt(key!(s.softcap));
         r.finish()?;
+        if let Some(cap) = softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(format!("`softcap` must be a positive number, got {cap}"));
+        }
         let style = match style {
             None | Some(Style::Transformers) => AttnStyle::Transformers,
             Some(Style::Torch) => AttnStyle::TorchMha,
@@ -146,6 +157,7 @@ impl AttentionCfg {
             softmax_f32,
             bool_mask,
             expand_kv,
+            softcap,
         })
     }
 
@@ -177,6 +189,7 @@ impl AttentionCfg {
             softmax_f32: false,
             bool_mask: false,
             expand_kv: false,
+            softcap: None,
         })
     }
 }

@@ -68,6 +68,13 @@ pub(super) struct DecoderConfig {
     pub rope_parameters: Option<RopeParameters>,
     /// transformers 4's place of `rope_parameters.partial_rotary_factor`.
     pub partial_rotary_factor: Option<f64>,
+    /// Gemma 2's name of `hidden_act`.
+    pub hidden_activation: Option<String>,
+    /// Gemma 2's soft-capping (`null` turns it off: hence the double option).
+    #[serde(default, deserialize_with = "nullable")]
+    pub attn_logit_softcapping: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub final_logit_softcapping: Option<Option<f64>>,
     /// OLMo's clamp of Q, K and V.
     pub clip_qkv: Option<f64>,
     /// Granite's multipliers.
@@ -198,6 +205,13 @@ pub(super) struct LnDecoderConfig {
     pub residual_dropout: Option<f64>,
     pub embedding_dropout: Option<f64>,
     pub sliding_window: Option<u64>,
+}
+
+/// A key that may be absent (`None`), `null` (`Some(None)`) or a value.
+fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// Reads `text` (a whole `config.json`) as `T`, naming the field path and position on error

@@ -68,6 +68,10 @@ pub(super) struct DecoderFamily {
     /// `embedding_multiplier`, each attention and MLP output times `residual_multiplier` before
     /// its residual sum, the logits divided by `logits_scaling`; each a new tensor, nothing kept.
     pub multipliers: bool,
+    /// Gemma 2's soft-capping: the attention scores as `attn_logit_softcapping` says (default
+    /// 50) and the logits as `final_logit_softcapping` says (default 30), each
+    /// `tanh(x / cap) · cap`; `null` turns one off.
+    pub softcap: bool,
 }
 
 /// Default of `num_key_value_heads`.
@@ -114,6 +118,10 @@ pub(super) enum NormPlacement {
     /// After attention and MLP, inside the residual (OLMo-2: `post_attention_layernorm`,
     /// `post_feedforward_layernorm`).
     Post,
+    /// Before and after each (Gemma 2: `input_layernorm`, attention,
+    /// `post_attention_layernorm`, residual, `pre_feedforward_layernorm`, MLP,
+    /// `post_feedforward_layernorm`, residual).
+    Sandwich,
 }
 
 /// The Q/K/V projections.
@@ -158,6 +166,9 @@ pub(super) enum Sliding {
     /// With `use_sliding_window`: the layers `layer_types` marks, else the even-numbered ones
     /// below `max_window_layers` (Qwen2-MoE's config class).
     Qwen2Moe,
+    /// The layers `layer_types` marks, else every other one from layer 0 (`Gemma2Config`),
+    /// with `sliding_window` (default 4096).
+    Gemma2,
 }
 
 /// Which layers are a sparse mixture of experts.
@@ -223,6 +234,10 @@ fn sliding_at(row: &DecoderFamily, c: &DecoderConfig, i: u64) -> Option<u64> {
     match row.sliding {
         Sliding::None => None,
         Sliding::Always => window,
+        Sliding::Gemma2 => {
+            let w = c.sliding_window.unwrap_or(4096);
+            (w > 0 && marked(i).unwrap_or(i.is_multiple_of(2))).then_some(w)
+        }
         Sliding::Qwen2 | Sliding::Qwen2Moe => {
             let w = window.filter(|_| c.use_sliding_window.unwrap_or(false))?;
             let sliding = marked(i).unwrap_or(match row.sliding {
@@ -336,7 +351,12 @@ pub(super) fn decoder(
         }
     };
     let mlp_bias = row.mlp_bias && c.mlp_bias.unwrap_or(false);
-    let act_name = c.hidden_act.as_deref().unwrap_or(row.act);
+    // Gemma 2 names it `hidden_activation`.
+    let act_name = c
+        .hidden_activation
+        .as_deref()
+        .or(c.hidden_act.as_deref())
+        .unwrap_or(row.act);
     let act_name = match row.act_rename {
         Some((from, to)) if act_name == from => to,
         _ => act_name,
@@ -346,6 +366,24 @@ pub(super) fn decoder(
         prob!(cfg, c.resid_pdrop, 0.0)?
     } else {
         0.0
+    };
+    let (attn_softcap, final_softcap) = if row.softcap {
+        (
+            soft_cap(
+                cfg,
+                "attn_logit_softcapping",
+                c.attn_logit_softcapping,
+                50.0,
+            )?,
+            soft_cap(
+                cfg,
+                "final_logit_softcapping",
+                c.final_logit_softcapping,
+                30.0,
+            )?,
+        )
+    } else {
+        (None, None)
     };
     let variants: Vec<LayerVariant> = mlps(cfg, row, &c, n_layers)?
         .into_iter()
@@ -427,6 +465,7 @@ pub(super) fn decoder(
                 residual_multiplier: row
                     .multipliers
                     .then(|| c.residual_multiplier.unwrap_or(1.0)),
+                softcap: attn_softcap,
             },
             &v.mlp,
             mlp_bias,
@@ -444,6 +483,26 @@ pub(super) fn decoder(
     }
     push(&mut out, family_norm(row, &p("norm")));
     causal_head(&mut out, cfg, head, vocab, tie.then_some(embed.as_str()))?;
+    if let (Some(cap), Resolved::Lm) = (final_softcap, head) {
+        // Gemma2ForCausalLM: `logits / cap`, `tanh`, `* cap`, before the loss.
+        let loss = out.pop().expect("the causal head ends in its loss");
+        push(
+            &mut out,
+            LayerSpec {
+                factor: Some(1.0 / cap),
+                ..layer(K::Scale, "final_logit_softcapping.div")
+            },
+        );
+        push(&mut out, layer(K::Tanh, "final_logit_softcapping.tanh"));
+        push(
+            &mut out,
+            LayerSpec {
+                factor: Some(cap),
+                ..layer(K::Scale, "final_logit_softcapping.mul")
+            },
+        );
+        out.push(loss);
+    }
     if row.multipliers && head == Resolved::Lm {
         // GraniteForCausalLM: `logits = logits / self.config.logits_scaling`, before the loss.
         let loss = out.pop().expect("the causal head ends in its loss");
@@ -494,6 +553,8 @@ struct DecoderAttn {
     sliding_window: Option<u64>,
     /// Granite's `residual_multiplier` (`None` for the other families).
     residual_multiplier: Option<f64>,
+    /// Gemma 2's `attn_logit_softcapping`.
+    softcap: Option<f64>,
 }
 
 /// One decoder layer: attention and MLP, each with its residual, normalized before
@@ -510,6 +571,7 @@ fn decoder_layer(
     resid_dropout: f64,
 ) -> Result<Vec<LayerSpec>, Error> {
     let post = row.placement == NormPlacement::Post;
+    let sandwich = row.placement == NormPlacement::Sandwich;
     let mut body = Vec::new();
     if !post {
         push(&mut body, family_norm(row, "input_layernorm"));
@@ -528,6 +590,7 @@ fn decoder_layer(
         sliding_window: a.sliding_window,
         // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
         softmax_f32: Some(true),
+        softcap: a.softcap,
         ..layer(K::Attention, "self_attn")
     };
     if row.qkv == Qkv::Fused {
@@ -535,7 +598,7 @@ fn decoder_layer(
         attn.note = Some("Phi-3's fused qkv_proj".into());
     }
     let prev = push(&mut body, attn);
-    let prev = if post {
+    let prev = if post || sandwich {
         push(&mut body, family_norm(row, "post_attention_layernorm"))
     } else {
         prev
@@ -550,6 +613,8 @@ fn decoder_layer(
     let residual1 = push(&mut body, add("residual1", "input", &prev));
     let mlp_in = if post {
         residual1.clone()
+    } else if sandwich {
+        push(&mut body, family_norm(row, "pre_feedforward_layernorm"))
     } else {
         push(&mut body, family_norm(row, "post_attention_layernorm"))
     };
@@ -657,7 +722,7 @@ fn decoder_layer(
             )
         }
     };
-    let prev = if post {
+    let prev = if post || sandwich {
         push(&mut body, family_norm(row, "post_feedforward_layernorm"))
     } else {
         prev
@@ -671,6 +736,22 @@ fn decoder_layer(
     );
     push(&mut body, add("residual2", &residual1, &prev));
     Ok(body)
+}
+
+/// A soft-capping value: the config's (`null` turns it off), else `default`; positive.
+fn soft_cap(
+    cfg: &Cfg,
+    key: &str,
+    value: Option<Option<f64>>,
+    default: f64,
+) -> Result<Option<f64>, Error> {
+    match value.unwrap_or(Some(default)) {
+        Some(cap) if !(cap.is_finite() && cap > 0.0) => Err(cfg.field_err(
+            key,
+            format!("`{key}` must be a positive number or null, got {cap}"),
+        )),
+        v => Ok(v),
+    }
 }
 
 /// Granite's `hidden_states * residual_multiplier` before a residual sum; returns the name of

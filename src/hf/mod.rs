@@ -68,6 +68,7 @@ const LLAMA: DecoderFamily = DecoderFamily {
     sliding: Sliding::None,
     moe: Moe::None,
     multipliers: false,
+    softcap: false,
 };
 
 /// The Llama-style decoder families, one row each: the defaults of the transformers config
@@ -162,6 +163,22 @@ const DECODERS: &[DecoderFamily] = &[
         mlp_bias: false,
         norm: Norm::Gemma,
         embed_scale: true,
+        ..LLAMA
+    },
+    DecoderFamily {
+        model_type: "gemma2",
+        arch_prefix: "gemma2",
+        kv_heads: KvHeads::Fixed(4),
+        head_dim: Some(256),
+        max_positions: 8192,
+        tie: true,
+        act: "gelu_pytorch_tanh",
+        mlp_bias: false,
+        norm: Norm::Gemma,
+        placement: NormPlacement::Sandwich,
+        embed_scale: true,
+        sliding: Sliding::Gemma2,
+        softcap: true,
         ..LLAMA
     },
     DecoderFamily {
@@ -462,11 +479,16 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             dtype,
             // transformers 5 runs attention through `scaled_dot_product_attention` by default;
             // BLOOM's attention has only its eager form (`baddbmm` with the ALiBi bias).
-            attention: Some(if matches!(family, Family::Bloom) {
-                AttentionImpl::Eager
-            } else {
-                AttentionImpl::Flash
-            }),
+            // Gemma 2's soft-capping is eager only (`_supports_sdpa = False`).
+            attention: Some(
+                if matches!(family, Family::Bloom)
+                    || matches!(family, Family::Decoder(row) if row.softcap)
+                {
+                    AttentionImpl::Eager
+                } else {
+                    AttentionImpl::Flash
+                },
+            ),
             ..Default::default()
         },
         layers,
@@ -804,7 +826,9 @@ mod tests {
         assert_eq!(infer("Qwen2ForCausalLM").as_deref(), Some("qwen2"));
         assert_eq!(infer("Olmo2ForCausalLM").as_deref(), Some("olmo2"));
         assert_eq!(infer("T5ForConditionalGeneration").as_deref(), Some("t5"));
-        assert_eq!(infer("Gemma2ForCausalLM"), None);
+        assert_eq!(infer("Gemma2ForCausalLM").as_deref(), Some("gemma2"));
+        assert_eq!(infer("GemmaForCausalLM").as_deref(), Some("gemma"));
+        assert_eq!(infer("Gemma3ForCausalLM"), None);
         assert_eq!(infer("OlmoForCausalLM").as_deref(), Some("olmo"));
         assert_eq!(infer("OlmoeForCausalLM"), None);
     }

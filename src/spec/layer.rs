@@ -157,6 +157,8 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expand_kv: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub position_bias: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_buckets: Option<u64>,

@@ -472,6 +472,14 @@ impl Tracer<'_> {
         let km = self.contiguous(k)?;
         let scores = self.bmm(qm, km, Shape::from([b, heads, s, s_kv]), qv.dtype, "scores")?;
         let scaled = self.unary(scores, AtenOp::MulScalar)?;
+        // Gemma 2: `scores / cap`, `tanh` (keeps its output), `* cap`.
+        let scaled = if c.softcap.is_some() {
+            let d = self.unary(scaled, AtenOp::MulScalar)?;
+            let t = self.unary(d, AtenOp::Tanh)?;
+            self.unary(t, AtenOp::MulScalar)?
+        } else {
+            scaled
+        };
         let masked = match bias {
             Some(bias) => self.add(&[scaled, bias], false)?,
             None if c.causal => self.unary(scaled, AtenOp::AddScalar)?,

@@ -63,6 +63,8 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/granite-3.0-2b-base.json", 2_533_531_648),
     // OLMo-1B-hf: LayerNorms without parameters, tied head.
     ("examples/hf/olmo-1b-hf.json", 1_176_764_416),
+    // gemma-2-2b: four RMSNorms per layer, 8 heads of 256 over 4 K/V heads, tied head.
+    ("examples/hf/gemma-2-2b.json", 2_614_341_888),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it).
@@ -734,4 +736,54 @@ fn memest_models_matches_the_readme() {
     // `repeat` has its own README section rather than a row of the kinds table.
     assert!(kinds.remove("repeat"), "{text}");
     assert_eq!(kinds, readme_first_column("### Layer kinds"));
+}
+
+/// Gemma 2: four norms around attention and MLP, soft-capped attention, soft-capped logits
+/// before the loss, eager attention by default, sliding windows on every other layer.
+#[test]
+fn gemma2_sandwich_norms_and_soft_capping() {
+    let t = printed(&["examples/hf/gemma-2-2b.json"]);
+    assert_eq!(t["defaults"]["attention"].as_str(), Some("eager"));
+    let l = layers(&t);
+    let blocks: Vec<&toml::Table> = l
+        .iter()
+        .filter(|l| l["kind"].as_str() == Some("repeat"))
+        .collect();
+    assert_eq!(blocks.len(), 26, "one block per layer: windows alternate");
+    let body = blocks[0]["layers"].as_array().unwrap();
+    let names: Vec<&str> = body.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    for norm in [
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ] {
+        assert!(names.contains(&norm), "{names:?}");
+    }
+    let attn = body
+        .iter()
+        .find(|l| l["kind"].as_str() == Some("attention"))
+        .unwrap();
+    assert_eq!(attn["softcap"].as_float(), Some(50.0));
+    assert_eq!(attn["sliding_window"].as_integer(), Some(4096));
+    let second = blocks[1]["layers"].as_array().unwrap();
+    let attn2 = second
+        .iter()
+        .find(|l| l["kind"].as_str() == Some("attention"))
+        .unwrap();
+    assert!(attn2.get("sliding_window").is_none(), "{attn2:?}");
+    let tail: Vec<&str> = l[l.len() - 5..]
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "lm_head",
+            "final_logit_softcapping.div",
+            "final_logit_softcapping.tanh",
+            "final_logit_softcapping.mul",
+            "loss"
+        ]
+    );
 }

@@ -151,6 +151,7 @@ mod example {
         hf_starcoder2_3b => "examples/hf/starcoder2-3b.json",
         hf_granite_3_0_2b_base => "examples/hf/granite-3.0-2b-base.json",
         hf_olmo_1b_hf => "examples/hf/olmo-1b-hf.json",
+        hf_gemma_2_2b => "examples/hf/gemma-2-2b.json",
     }
 }
 
@@ -267,6 +268,7 @@ mod print_model {
         hf_pythia_1_4b => ["--print-model", "examples/hf/pythia-1.4b.json"],
         hf_roberta_base => ["--print-model", "examples/hf/roberta-base.json"],
         hf_starcoder => ["--print-model", "examples/hf/starcoder.json"],
+        hf_gemma_2_2b => ["--print-model", "examples/hf/gemma-2-2b.json"],
         hf_qwen3_30b_a3b => ["--print-model", "examples/hf/qwen3-30b-a3b.json"],
         hf_t5_small => ["--print-model", "examples/hf/t5-small.json"],
     }
