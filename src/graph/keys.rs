@@ -186,13 +186,13 @@ impl<'a> KeyReader<'a> {
     /// The message for the layer's error.
     pub(crate) fn finish(&mut self) -> Result<(), String> {
         for key in self.spec.set_keys() {
-            if !self.read.contains(&key.as_str()) {
+            if !self.read.contains(&key) {
                 let valid = if self.read.is_empty() {
                     "none".to_string()
                 } else {
                     self.read.join(", ")
                 };
-                let hint = crate::error::nearest(&key, &self.read)
+                let hint = crate::error::nearest(key, &self.read)
                     .map(|n| format!("did you mean `{n}`? "))
                     .unwrap_or_default();
                 return Err(format!(

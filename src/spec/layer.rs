@@ -414,16 +414,110 @@ impl LayerSpec {
     /// `trainable`, `note`), in alphabetical order. They are the keys `self` serializes to
     /// (unset keys are skipped), so a new field needs no second list.
     #[must_use]
-    pub fn set_keys(&self) -> Vec<String> {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(map)) => map
-                .into_iter()
-                .map(|(k, _)| k)
-                .filter(|k| !COMMON_KEYS.contains(&k.as_str()))
-                .collect(),
-            // A struct of plain fields always serializes to an object.
-            _ => Vec::new(),
-        }
+    pub fn set_keys(&self) -> Vec<&'static str> {
+        let mut names = KeyNames(Vec::new());
+        // Only a struct serializes into `KeyNames`, and `LayerSpec` is one: this cannot fail.
+        let _ = self.serialize(&mut names);
+        let mut keys = names.0;
+        keys.retain(|k| !COMMON_KEYS.contains(k));
+        keys.sort_unstable();
+        keys
+    }
+}
+
+/// Collects the names of the fields a struct serializes (serde's derive skips the unset ones,
+/// `skip_serializing_if`) without serializing their values: [`LayerSpec::set_keys`] runs for
+/// every layer, so it allocates one small list and nothing else.
+struct KeyNames(Vec<&'static str>);
+
+impl serde::ser::SerializeStruct for &mut KeyNames {
+    type Ok = ();
+    type Error = fmt::Error;
+
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        _: &T,
+    ) -> Result<(), fmt::Error> {
+        self.0.push(key);
+        Ok(())
+    }
+
+    fn end(self) -> Result<(), fmt::Error> {
+        Ok(())
+    }
+}
+
+/// Every serializer method but `serialize_struct` refuses: `KeyNames` only reads a struct's
+/// field names.
+macro_rules! refuse {
+    ($($name:ident($($t:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(self $(, _: $t)*) -> Result<$ret, fmt::Error> { Err(fmt::Error) })*
+    };
+}
+
+impl serde::Serializer for &mut KeyNames {
+    type Ok = ();
+    type Error = fmt::Error;
+    type SerializeSeq = serde::ser::Impossible<(), fmt::Error>;
+    type SerializeTuple = serde::ser::Impossible<(), fmt::Error>;
+    type SerializeTupleStruct = serde::ser::Impossible<(), fmt::Error>;
+    type SerializeTupleVariant = serde::ser::Impossible<(), fmt::Error>;
+    type SerializeMap = serde::ser::Impossible<(), fmt::Error>;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = serde::ser::Impossible<(), fmt::Error>;
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, fmt::Error> {
+        Ok(self)
+    }
+
+    refuse! {
+        serialize_bool(bool) -> ();
+        serialize_i8(i8) -> ();
+        serialize_i16(i16) -> ();
+        serialize_i32(i32) -> ();
+        serialize_i64(i64) -> ();
+        serialize_u8(u8) -> ();
+        serialize_u16(u16) -> ();
+        serialize_u32(u32) -> ();
+        serialize_u64(u64) -> ();
+        serialize_f32(f32) -> ();
+        serialize_f64(f64) -> ();
+        serialize_char(char) -> ();
+        serialize_str(&str) -> ();
+        serialize_bytes(&[u8]) -> ();
+        serialize_none() -> ();
+        serialize_unit() -> ();
+        serialize_unit_struct(&'static str) -> ();
+        serialize_unit_variant(&'static str, u32, &'static str) -> ();
+        serialize_seq(Option<usize>) -> Self::SerializeSeq;
+        serialize_tuple(usize) -> Self::SerializeTuple;
+        serialize_tuple_struct(&'static str, usize) -> Self::SerializeTupleStruct;
+        serialize_tuple_variant(&'static str, u32, &'static str, usize) -> Self::SerializeTupleVariant;
+        serialize_map(Option<usize>) -> Self::SerializeMap;
+        serialize_struct_variant(&'static str, u32, &'static str, usize) -> Self::SerializeStructVariant;
+    }
+
+    fn serialize_some<T: ?Sized + Serialize>(self, _: &T) -> Result<(), fmt::Error> {
+        Err(fmt::Error)
+    }
+
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), fmt::Error> {
+        Err(fmt::Error)
+    }
+
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), fmt::Error> {
+        Err(fmt::Error)
     }
 }
 

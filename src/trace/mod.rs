@@ -133,7 +133,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
     });
     let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
     let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
-    let mut scopes = vec![HashMap::from([(INPUT.to_string(), input)])];
+    let mut scopes = vec![HashMap::from([(INPUT, input)])];
     let out = t.layers(&model.layers, input, &mut scopes, "", 1)?;
     if let Some(lora) = &settings.lora {
         // PEFT refuses target modules that match nothing; so does memest, entry by entry.
@@ -498,11 +498,13 @@ impl Tracer<'_> {
         Ok(out)
     }
 
-    fn layers(
+    /// Traces `layers` from `input`. `scopes` maps the names visible to them to their outputs,
+    /// borrowing the names from the model (nothing is copied per layer).
+    fn layers<'m>(
         &mut self,
-        layers: &[Layer],
+        layers: &'m [Layer],
         input: ValueId,
-        scopes: &mut Vec<HashMap<String, ValueId>>,
+        scopes: &mut Vec<HashMap<&'m str, ValueId>>,
         prefix: &str,
         repeat: u64,
     ) -> Result<ValueId, Error> {
@@ -515,7 +517,7 @@ impl Tracer<'_> {
                 scopes
                     .last_mut()
                     .expect("scope")
-                    .insert(layer.name.clone(), prev);
+                    .insert(layer.name.as_str(), prev);
                 continue;
             }
             if self.s.loss == Loss::None && matches!(layer.node, Node::Op(Op::CrossEntropy(_))) {
@@ -523,7 +525,7 @@ impl Tracer<'_> {
                 scopes
                     .last_mut()
                     .expect("scope")
-                    .insert(layer.name.clone(), prev);
+                    .insert(layer.name.as_str(), prev);
                 continue;
             }
             let mut inputs: Vec<ValueId> = layer
@@ -534,7 +536,7 @@ impl Tracer<'_> {
                     InputRef::Named(n) => scopes
                         .iter()
                         .rev()
-                        .find_map(|s| s.get(n))
+                        .find_map(|s| s.get(n.as_str()))
                         .copied()
                         .expect("graph::build checked input names"),
                 })
@@ -553,11 +555,6 @@ impl Tracer<'_> {
             {
                 inputs[0] = self.last_position(inputs[0]);
             }
-            let path = if prefix.is_empty() {
-                layer.name.clone()
-            } else {
-                format!("{prefix}.{}", layer.name)
-            };
             let chunked = match (&layer.node, layers.get(i + 1).map(|n| &n.node), self.s.loss) {
                 (
                     Node::Op(Op::Linear(head)),
@@ -568,7 +565,7 @@ impl Tracer<'_> {
             };
             let out = match &layer.node {
                 Node::Op(_) if let Some((head, ce, chunks)) = chunked => {
-                    self.enter_layer(layer, &path, repeat);
+                    self.enter_layer(layer, prefix, repeat);
                     let first_param = self.tape.params.len();
                     let first_storage = self.tape.storages.next_key();
                     let loss_layer = &layers[i + 1];
@@ -591,7 +588,7 @@ impl Tracer<'_> {
                     out
                 }
                 Node::Op(op) => {
-                    self.enter_layer(layer, &path, repeat);
+                    self.enter_layer(layer, prefix, repeat);
                     let out = self.op(op, layer, &inputs)?;
                     self.tape.layers[self.cur_layer].output_shape = self.val(out).shape.clone();
                     out
@@ -601,7 +598,8 @@ impl Tracer<'_> {
                     count_key,
                     body,
                 } => {
-                    self.enter_layer(layer, &path, repeat);
+                    self.enter_layer(layer, prefix, repeat);
+                    let path = self.tape.layers[self.cur_layer].path.clone();
                     let copies =
                         checked(repeat.checked_mul(*count), "the number of repeated copies")?;
                     let mut x = inputs[0];
@@ -649,7 +647,7 @@ impl Tracer<'_> {
                                 input: before.storage,
                             }));
                         }
-                        scopes.push(HashMap::from([(INPUT.to_string(), x)]));
+                        scopes.push(HashMap::from([(INPUT, x)]));
                         let outermost = !self.in_block;
                         self.in_block = true;
                         let y = self.layers(body, x, scopes, &path, copies);
@@ -703,7 +701,7 @@ impl Tracer<'_> {
             scopes
                 .last_mut()
                 .expect("scope")
-                .insert(layer.name.clone(), out);
+                .insert(layer.name.as_str(), out);
             prev = out;
         }
         Ok(prev)
@@ -726,13 +724,20 @@ impl Tracer<'_> {
         }
     }
 
-    fn enter_layer(&mut self, layer: &Layer, path: &str, repeat: u64) {
+    /// Makes `layer`, inside the block at dotted path `prefix` (empty at the top level), the
+    /// current layer; its row (and its path) is made the first time it is traced.
+    fn enter_layer(&mut self, layer: &Layer, prefix: &str, repeat: u64) {
         let key = std::ptr::from_ref(layer).addr();
         self.cur_layer = match self.layer_index.get(&key) {
             Some(&i) => i,
             None => {
+                let path = if prefix.is_empty() {
+                    layer.name.clone()
+                } else {
+                    format!("{prefix}.{}", layer.name)
+                };
                 let i = self.tape.layers.push_and_get_key(LayerInfo {
-                    path: path.to_string(),
+                    path,
                     name: layer.name.clone(),
                     kind: Some(layer.kind),
                     repeat,
