@@ -452,11 +452,33 @@ fn simulate_inner(
     let training = settings.training();
     let facts = Liveness::of(tape);
     let saved = SavedBytes::of(tape, &facts);
-    let dist = settings
-        .parallel
-        .as_ref()
-        .filter(|_| training)
-        .map(|p| parallel::Dist::new(tape, settings, p));
+    let param_grad = settings
+        .grad_dtype_override()
+        .map(|g| (settings.recipe.weights, g));
+    // Several GPUs: the rank with the largest peak, when ranks differ.
+    let dist = settings.parallel.as_ref().filter(|_| training).map(|p| {
+        let mut worst: Option<(u64, parallel::Dist)> = None;
+        for rank in parallel::Dist::ranks(p) {
+            let d = parallel::Dist::new(tape, settings, p, rank);
+            let mut r = Replay::new(tape, &facts);
+            r.distributed(&d);
+            r.start(
+                d.optimizer.state_bytes,
+                d.optimizer
+                    .master_bytes
+                    .saturating_add(d.master_partition_bytes),
+            );
+            r.forward(true);
+            let bwd = r.backward(param_grad, None, None);
+            r.optimizer_step(&d.optimizer, &bwd);
+            let peak = r.peak;
+            if worst.as_ref().is_none_or(|w| peak > w.0) {
+                worst = Some((peak, d));
+            }
+        }
+        worst.map(|w| w.1)
+    });
+    let dist = dist.flatten();
     let trainable = || {
         tape.params
             .iter()
@@ -495,9 +517,6 @@ fn simulate_inner(
     } else {
         None
     };
-    let param_grad = settings
-        .grad_dtype_override()
-        .map(|g| (settings.recipe.weights, g));
     // The step's phases; returns the gradient and optimizer-temporary bytes.
     let master_bytes = plan
         .master_bytes

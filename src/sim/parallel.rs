@@ -25,9 +25,42 @@ pub(super) enum Reduce {
     /// gradient partition buffer that exists all step (ZeRO-3's `grad_partitions_flat_buffer`),
     /// so only the whole gradients are freed.
     PerUnit { into_buffer: bool },
-    /// At the optimizer step (ZeRO-1: the whole gradients live to the end of backward, then
-    /// this rank's partition is copied out in float32 and they are freed).
-    AtStep,
+    /// DeepSpeed ZeRO-1/2's reduce buckets, gradient by gradient ([`Buckets`]).
+    Buckets,
+}
+
+/// DeepSpeed ZeRO-1/2 with `contiguous_gradients` and without `overlap_comm` (the defaults),
+/// as `DeepSpeedZeroOptimizer` runs a backward (`deepspeed/runtime/zero/stage_1_and_2.py`):
+///
+/// - `reduce_independent_p_g_buckets_and_remove_grads`, per gradient as autograd makes it:
+///   when it would overflow the reduce bucket (`reduce_bucket_size` elements, allocated whole
+///   at the start of backward) the bucket is reduced first; a gradient larger than the bucket
+///   is reduced on its own (`extra_large_param_to_reduce`), any other is copied into the bucket
+///   and its own tensor freed;
+/// - `reduce_ipg_grads`: each reduced gradient of a parameter in this rank's partition is
+///   copied into `grads_in_partition`, allocated at the first such copy with the elements of
+///   every parameter that overlaps the partition (`copy_grads_in_partition`); ZeRO-2 frees the
+///   others (`clear_grad_attribute`), ZeRO-1 keeps them (as views of the bucket, or whole when
+///   they were too large for it) until the step;
+/// - `step`: the gradients outside the partition are freed (`free_grad_in_param_list`), the
+///   partition is flattened into a float32 copy of the partition size, then
+///   `grads_in_partition` is freed and the optimizer runs on the float32 partition.
+#[derive(Clone, Debug)]
+pub(super) struct Buckets {
+    /// 1 or 2.
+    pub stage: u8,
+    /// `reduce_bucket_size`, in elements.
+    pub cap: u64,
+    /// Per trainable parameter value: its elements and whether it overlaps this rank's
+    /// partition.
+    pub params: HashMap<ValueId, (u64, bool)>,
+    /// `grads_in_partition`'s bytes on this rank.
+    pub in_partition_bytes: u64,
+    /// The float32 gradient partition of the step (`partition_size` elements).
+    pub flat_bytes: u64,
+    /// The float64 copy the gradient norm makes of the largest part of a gradient in this
+    /// rank's partition.
+    pub norm_temp_bytes: u64,
 }
 
 /// A range of steps whose parameters are gathered together.
@@ -79,7 +112,9 @@ pub(super) struct Dist {
     /// A gradient partition buffer allocated at the first reduction and kept to the step
     /// (ZeRO-2's `grads_in_partition`); 0 when there is none.
     pub partition_buffer: u64,
-    /// This rank's gradient bytes after reduction, for [`Reduce::AtStep`] (float32).
+    /// DeepSpeed ZeRO-1/2's reduce buckets ([`Reduce::Buckets`]).
+    pub buckets: Option<Buckets>,
+    /// DeepSpeed's float32 gradient partition of the step.
     pub step_grad_bytes: u64,
     /// The optimizer's plan over this rank's part of the parameters.
     pub optimizer: OptimizerPlan<ValueId>,
@@ -105,7 +140,11 @@ impl Dist {
         match self.reduce {
             // ZeRO-1 holds the whole gradients through backward (the paper's 2Ψ); its float32
             // partition exists only during the step.
-            Reduce::Never | Reduce::AtStep => whole,
+            Reduce::Never => whole,
+            Reduce::Buckets => match &self.buckets {
+                Some(b) if b.stage >= 2 => self.partition_buffer,
+                _ => whole,
+            },
             Reduce::PerUnit { into_buffer: true } => {
                 self.grads_always.saturating_add(self.partition_buffer)
             }
@@ -133,8 +172,18 @@ struct Trainable {
 }
 
 impl Dist {
-    /// `plan` over `tape` under `settings` (training).
-    pub(super) fn new(tape: &Tape, settings: &Settings, plan: &Plan) -> Dist {
+    /// The ranks whose figures can differ under `plan`: DeepSpeed ZeRO-1/2's first and last
+    /// (the parameters that overlap a partition differ); rank 0 alone otherwise.
+    pub(super) fn ranks(plan: &Plan) -> Vec<u64> {
+        let dp = plan.data_parallel().unwrap_or(1).max(1);
+        match plan.sharding {
+            Sharding::Zero(z) if (1..=2).contains(&z.stage) && dp > 1 => vec![0, dp - 1],
+            _ => vec![0],
+        }
+    }
+
+    /// `plan` over `tape` under `settings` (training), as rank `rank` holds it.
+    pub(super) fn new(tape: &Tape, settings: &Settings, plan: &Plan, rank: u64) -> Dist {
         let split = plan.split();
         let grad_dtype = |d: DType| match settings.grad_dtype_override() {
             Some(g) if d == settings.recipe.weights => g,
@@ -179,6 +228,7 @@ impl Dist {
             units: Vec::new(),
             reduce: Reduce::Never,
             partition_buffer: 0,
+            buckets: None,
             step_grad_bytes: 0,
             optimizer: OptimizerPlan::default(),
             master_partition_bytes: 0,
@@ -361,26 +411,40 @@ impl Dist {
                     0 => {}
                     1 | 2 => {
                         dist.comm_backward = bucket;
-                        if z.stage == 1 {
-                            dist.reduce = Reduce::AtStep;
-                        } else {
-                            // ZeRO-2 (`partition_gradients`): each reduced bucket's part for this
-                            // rank is copied into `grads_in_partition`, one buffer of this rank's
-                            // partition that `copy_grads_in_partition` allocates at the first
-                            // reduction and keeps to the step; the whole gradients are freed.
-                            dist.reduce = Reduce::PerUnit { into_buffer: true };
-                            dist.partition_buffer = bytes_of(
-                                grad_elem,
-                                shard::zero12_partition_numel(total_numel, ranks),
-                            );
-                            // Units only for when their gradients are reduced: ZeRO-2 gathers
-                            // nothing (every rank holds the whole parameters).
-                            dist.units =
-                                units(tape, &trainable, false, false, |t| shard_grad(t, ranks));
-                            for u in &mut dist.units {
-                                u.gathered_bytes = 0;
-                            }
+                        dist.reduce = Reduce::Buckets;
+                        let partition = shard::zero12_partition_numel(total_numel, ranks);
+                        // ZeRO-2's gradients per GPU: its partition, in the gradients' dtype.
+                        if z.stage == 2 {
+                            dist.partition_buffer = bytes_of(grad_elem, partition);
                         }
+                        // This rank's part of the flat group (in `model.parameters()` order):
+                        // [rank · partition, (rank + 1) · partition).
+                        let (lo, hi) = (
+                            partition.saturating_mul(rank),
+                            partition.saturating_mul(rank.saturating_add(1)),
+                        );
+                        let mut at = 0u64;
+                        let mut params = HashMap::new();
+                        let mut in_partition = 0u64;
+                        let mut largest = 0u64;
+                        for t in &trainable {
+                            let end = at.saturating_add(t.numel);
+                            let overlaps = at < hi && end > lo;
+                            if overlaps {
+                                in_partition = in_partition.saturating_add(t.numel);
+                                largest = largest.max(end.min(hi) - at.max(lo));
+                            }
+                            params.insert(t.value, (t.numel, overlaps));
+                            at = end;
+                        }
+                        dist.buckets = Some(Buckets {
+                            stage: z.stage,
+                            cap: z.reduce_bucket_elems,
+                            params,
+                            in_partition_bytes: bytes_of(grad_elem, in_partition),
+                            flat_bytes: bytes_of(DType::Float32, partition),
+                            norm_temp_bytes: bytes_of(DType::Float64, largest),
+                        });
                     }
                     _ => {
                         dist.comm_always = bucket;

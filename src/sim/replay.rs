@@ -65,10 +65,17 @@ pub(super) struct Replay<'a> {
     pub heap: Option<Heap>,
     /// FSDP2's last all-gather output in forward, kept until the next all-gather.
     pending_gather: u64,
-    /// Whether ZeRO-2's gradient partition buffer exists yet.
+    /// Whether DeepSpeed's gradient partition buffer exists yet.
     partition_buffer: bool,
     /// Every event's place in the step and totals, when asked for ([`Replay::log`]).
     pub log: Option<Vec<Event>>,
+    /// DeepSpeed ZeRO-1/2: the gradients in the current reduce bucket, their elements, the one
+    /// too large for the bucket (value, bytes), and the bytes of whole gradients kept outside
+    /// the partition (ZeRO-1).
+    bucket: Vec<ValueId>,
+    bucket_elems: u64,
+    bucket_extra: Option<(ValueId, u64)>,
+    bucket_kept: u64,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -130,6 +137,10 @@ impl<'a> Replay<'a> {
             pending_gather: 0,
             partition_buffer: false,
             log: None,
+            bucket: Vec::new(),
+            bucket_elems: 0,
+            bucket_extra: None,
+            bucket_kept: 0,
         }
     }
 
@@ -584,6 +595,7 @@ impl<'a> Replay<'a> {
                         if self.snap_at.is_some() {
                             self.param_grads.push((v, bytes));
                         }
+                        self.bucket_grad(v, bytes, step.layer);
                     }
                 } else if let Some(m) = moved.take() {
                     // The input's gradient is a view of the output's; when the input already has
@@ -650,6 +662,9 @@ impl<'a> Replay<'a> {
                 }
             }
         }
+        // DeepSpeed's backward epilogue reduces the last bucket, then releases the bucket
+        // (`_release_ipg_buffers`).
+        self.reduce_bucket(None);
         self.sub(Category::CommBuffers, comm_backward);
         let leftover = grads
             .values()
@@ -729,19 +744,86 @@ impl<'a> Replay<'a> {
         let (copies, freed) =
             plan.master_grad_copies(|v| bwd.has_grad.get(v).copied().unwrap_or(false));
         let temp_bytes = copies.saturating_add(plan.temp_bytes);
-        // ZeRO-1: this rank's float32 gradient partition replaces the whole gradients.
-        let (whole, partition) = match self.dist {
-            Some(d) if d.reduce == Reduce::AtStep => (bwd.gradient_bytes, d.step_grad_bytes),
-            _ => (0, 0),
-        };
-        self.sub(Category::Gradients, whole);
-        self.add(Category::Gradients, partition);
+        // DeepSpeed ZeRO-1/2: the gradients outside the partition are freed, the partition is
+        // flattened into float32 beside `grads_in_partition`, which is then freed.
+        let mut flat = 0;
+        if let Some(b) = self.dist.and_then(|d| d.buckets.as_ref()) {
+            // `scaled_global_norm`: `get_grad_norm_direct` takes each partition gradient's norm
+            // through a float64 copy (`g.data.double()`), one at a time.
+            self.add(Category::Temporaries, b.norm_temp_bytes);
+            self.check(Phase::OptimizerStep, None, At::OptimizerStep);
+            self.sub(Category::Temporaries, b.norm_temp_bytes);
+            let outside = std::mem::take(&mut self.bucket_kept);
+            self.sub(Category::Gradients, outside);
+            flat = b.flat_bytes;
+            self.add(Category::Gradients, flat);
+            self.check(Phase::OptimizerStep, None, At::OptimizerStep);
+            if std::mem::take(&mut self.partition_buffer) {
+                self.sub(Category::Gradients, b.in_partition_bytes);
+            }
+        }
+        let _ = bwd;
         self.sub(Category::Gradients, freed);
         self.add(Category::Temporaries, temp_bytes);
         self.check(Phase::OptimizerStep, None, At::OptimizerStep);
         self.sub(Category::Temporaries, temp_bytes);
         self.add(Category::Gradients, freed);
+        // The float32 gradient partition is dropped after the step.
+        self.sub(Category::Gradients, flat);
         temp_bytes
+    }
+
+    /// DeepSpeed ZeRO-1/2's hook on a parameter gradient just made ([`super::parallel::Buckets`]).
+    fn bucket_grad(&mut self, v: ValueId, bytes: u64, layer: LayerId) {
+        let Some(b) = self.dist.and_then(|d| d.buckets.as_ref()) else {
+            return;
+        };
+        let Some(&(numel, _)) = b.params.get(&v) else {
+            return;
+        };
+        if self.bucket_elems.saturating_add(numel) > b.cap {
+            self.check(Phase::Backward, Some(layer), At::Communication);
+            self.reduce_bucket(Some(layer));
+        }
+        if numel > b.cap {
+            // Reduced on its own, from its own tensor.
+            self.bucket_extra = Some((v, bytes));
+        } else {
+            // Copied into the bucket; its own tensor is freed.
+            self.sub(Category::Gradients, bytes);
+        }
+        self.bucket.push(v);
+        self.bucket_elems = self.bucket_elems.saturating_add(numel);
+    }
+
+    /// DeepSpeed's `reduce_ipg_grads` on the current bucket.
+    fn reduce_bucket(&mut self, layer: Option<LayerId>) {
+        let Some(b) = self.dist.and_then(|d| d.buckets.as_ref()) else {
+            return;
+        };
+        let extra = self.bucket_extra.take();
+        for v in std::mem::take(&mut self.bucket) {
+            let in_partition = b.params.get(&v).is_some_and(|p| p.1);
+            let own = extra.filter(|e| e.0 == v).map(|e| e.1);
+            if in_partition {
+                if !self.partition_buffer {
+                    self.partition_buffer = true;
+                    self.add(Category::Gradients, b.in_partition_bytes);
+                }
+                if let Some(bytes) = own {
+                    // Copied into the partition buffer, then its own tensor is freed.
+                    self.check(Phase::Backward, layer, At::Communication);
+                    self.sub(Category::Gradients, bytes);
+                }
+            } else if let Some(bytes) = own {
+                if b.stage >= 2 {
+                    self.sub(Category::Gradients, bytes);
+                } else {
+                    self.bucket_kept = self.bucket_kept.saturating_add(bytes);
+                }
+            }
+        }
+        self.bucket_elems = 0;
     }
 }
 

@@ -27,18 +27,7 @@ const ACT_TOL_PCT: f64 = 1.0;
 /// The peak, per the issue: within 5 %.
 const PEAK_TOL_PCT: f64 = 5.0;
 /// Plans whose peak is not within 5 % yet: case, allowed |error| in percent, and why.
-const PEAK_GAPS: &[(&str, f64, &str)] = &[
-    (
-        "llama-fp32-b2s128-zero1-w2",
-        12.9,
-        "DeepSpeed ZeRO-1's reduce and step (gradient partition copies, the bit16 all-gather) are not modelled yet",
-    ),
-    (
-        "llama-fp32-b2s128-zero2-w2",
-        7.5,
-        "DeepSpeed ZeRO-2's reduce path (grads_in_partition, bucket copies) is not modelled yet",
-    ),
-];
+const PEAK_GAPS: &[(&str, f64, &str)] = &[];
 
 fn load(rel: &str) -> Value {
     let text = std::fs::read_to_string(path(rel)).expect("test data");
