@@ -27,7 +27,11 @@ const ACT_TOL_PCT: f64 = 1.0;
 /// The peak, per the issue: within 5 %.
 const PEAK_TOL_PCT: f64 = 5.0;
 /// Plans whose peak is not within 5 % yet: case, allowed |error| in percent, and why.
-const PEAK_GAPS: &[(&str, f64, &str)] = &[];
+const PEAK_GAPS: &[(&str, f64, &str)] = &[(
+    "llama-fp32-b2s128-fsdp2-mp-bf16-w2",
+    13.2,
+    "FSDP2 with a bfloat16 MixedPrecisionPolicy reads 12.2 % low: the casts around its all-gather and reduce-scatter are not modelled yet",
+)];
 
 fn load(rel: &str) -> Value {
     let text = std::fs::read_to_string(path(rel)).expect("test data");
