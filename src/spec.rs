@@ -14,7 +14,9 @@ use crate::vocab::{AttentionImpl, Device, Mode};
 
 mod layer;
 
-pub use layer::{Approximate, CombineKind, LayerKind, LayerSpec, Pair, QkNormScope, Style};
+pub use layer::{
+    Approximate, CombineKind, FillMode, LayerKind, LayerSpec, Pair, QkNormScope, Style,
+};
 
 /// Which syntax a model description is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

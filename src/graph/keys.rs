@@ -167,6 +167,12 @@ impl<'a> KeyReader<'a> {
         self.check_pair(name, p)
     }
 
+    /// An optional pair of positive sizes.
+    pub(crate) fn pair_opt(&mut self, key: Key<Pair>) -> Option<Pair> {
+        let name = key.name;
+        self.take(key).map(|p| self.check_pair(name, p))
+    }
+
     /// A probability in `[0, 1)`, with a default.
     pub(crate) fn prob(&mut self, key: Key<f64>, default: f64) -> f64 {
         let name = key.name;

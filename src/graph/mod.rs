@@ -5,7 +5,7 @@
 //! checks happen when the model is traced with concrete settings ([`crate::trace`]).
 //!
 //! Each layer kind is declared once: a config struct in this module's family files (`linear`,
-//! `conv`, `norm`, `embed`, `view`, `pool`, `pointwise`, `attention`), which documents the kind,
+//! `conv`, `norm`, `embed`, `view`, `pool`, `resize`, `pointwise`, `attention`), which documents the kind,
 //! reads its keys through a `KeyReader` (`keys`) (so the keys it reads are the keys it accepts)
 //! and is what [`Op`] carries to the tracer.
 
@@ -17,6 +17,7 @@ mod linear;
 mod norm;
 mod pointwise;
 mod pool;
+mod resize;
 mod view;
 
 use std::collections::HashSet;
@@ -33,6 +34,7 @@ pub use pointwise::{
     SoftmaxCfg, StochasticDepthCfg,
 };
 pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
+pub use resize::{UpsampleCfg, UpsampleTo};
 pub use view::{FlattenCfg, NarrowCfg, PermuteCfg, ReshapeCfg, SelectCfg, TransposeCfg};
 
 use crate::dtype::DType;
@@ -145,6 +147,8 @@ pub enum Op {
     AvgPool2d(AvgPool2dCfg),
     /// `adaptive_avgpool2d`.
     AdaptiveAvgPool2d(AdaptiveAvgPool2dCfg),
+    /// `upsample`.
+    Upsample(UpsampleCfg),
     /// `flatten`.
     Flatten(FlattenCfg),
     /// `reshape`.
@@ -427,6 +431,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::MaxPool2d => Op::MaxPool2d(MaxPool2dCfg::read(r)?),
         K::AvgPool2d => Op::AvgPool2d(AvgPool2dCfg::read(r)?),
         K::AdaptiveAvgPool2d => Op::AdaptiveAvgPool2d(AdaptiveAvgPool2dCfg::read(r)?),
+        K::Upsample => Op::Upsample(UpsampleCfg::read(r)?),
         K::Flatten => Op::Flatten(FlattenCfg::read(r)?),
         K::Reshape => Op::Reshape(ReshapeCfg::read(r)?),
         K::Transpose => Op::Transpose(TransposeCfg::read(r)?),

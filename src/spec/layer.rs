@@ -73,6 +73,15 @@ pub struct LayerSpec {
     pub output_size: Option<Pair>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ceil_mode: Option<bool>,
+    // upsample / pad
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<FillMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<Pair>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub align_corners: Option<bool>,
     // norms
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_features: Option<u64>,
@@ -227,6 +236,44 @@ pub enum Approximate {
     Tanh,
 }
 
+/// The `mode` key: how `upsample` fills its output (`nearest`, `linear`, `bilinear`, as
+/// `F.interpolate`'s `mode`) or how `pad` fills the border (`constant`, `reflect`, `replicate`,
+/// `circular`, as `F.pad`'s `mode`). Each kind accepts its own modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FillMode {
+    /// `upsample`: copy the nearest input element (`upsample_nearest1d/2d`).
+    Nearest,
+    /// `upsample` of a `[B, C, L]` input: linear interpolation (`upsample_linear1d`).
+    Linear,
+    /// `upsample` of a `[B, C, H, W]` input: bilinear interpolation (`upsample_bilinear2d`).
+    Bilinear,
+    /// `pad`: a constant border (`constant_pad_nd`).
+    Constant,
+    /// `pad`: the input mirrored at its edge, edge excluded (`reflection_pad1d/2d/3d`).
+    Reflect,
+    /// `pad`: the edge element repeated (`replication_pad1d/2d/3d`).
+    Replicate,
+    /// `pad`: the input wrapped around (`F.pad`'s `_pad_circular`).
+    Circular,
+}
+
+impl FillMode {
+    /// The name used in files.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FillMode::Nearest => "nearest",
+            FillMode::Linear => "linear",
+            FillMode::Bilinear => "bilinear",
+            FillMode::Constant => "constant",
+            FillMode::Reflect => "reflect",
+            FillMode::Replicate => "replicate",
+            FillMode::Circular => "circular",
+        }
+    }
+}
+
 /// How a `parameter` layer joins its tensor to the activations (`combine`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -342,6 +389,7 @@ layer_kinds! {
     MaxPool2d => "maxpool2d" | "max_pool2d",
     AvgPool2d => "avgpool2d" | "avg_pool2d",
     AdaptiveAvgPool2d => "adaptive_avgpool2d" | "adaptive_avg_pool2d",
+    Upsample => "upsample" | "interpolate",
     Flatten => "flatten",
     Reshape => "reshape" | "view",
     Transpose => "transpose",

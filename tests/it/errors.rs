@@ -378,6 +378,27 @@ fn key_that_does_not_apply_to_the_kind() {
     assert_has(&err, &["(linear)", "`kernel` does not apply to `linear`"]);
 }
 
+#[test]
+fn upsample_needs_a_scale_or_a_size() {
+    let model = |keys: &str| {
+        TempModel::new(
+            "toml",
+            &format!("[input]\nshape = [2, 4, 4]\n[[layers]]\nkind = \"upsample\"\n{keys}"),
+        )
+    };
+    let m = model("mode = \"bilinear\"\n");
+    let err = fails(&[m.arg()]);
+    assert_has(&err, &["(upsample)", "missing `scale_factor` or `size`"]);
+    let m = model("scale_factor = 2\nsize = [8, 8]\n");
+    assert_has(&fails(&[m.arg()]), &["not both"]);
+    let m = model("scale_factor = 2\nalign_corners = true\n");
+    assert_has(&fails(&[m.arg()]), &["`align_corners` applies only"]);
+    let m = model("scale_factor = 2\nmode = \"reflect\"\n");
+    assert_has(&fails(&[m.arg()]), &["not an `upsample` mode"]);
+    let m = model("scale_factor = 2\nmode = \"linear\"\n");
+    assert_has(&fails(&[m.arg()]), &["rank 3 [batch, channels, length]"]);
+}
+
 // ---- bugs found while writing these tests (fixed since) ----
 
 #[test]

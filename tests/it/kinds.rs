@@ -100,6 +100,39 @@ fn conv_transpose1d() {
 }
 
 #[test]
+fn upsample() {
+    // c1 keeps the batch (not counted). up1 (nearest, scale 1.5): ⌊5·1.5⌋ = 7, output
+    // [2, 3, 7, 7]; `upsample_nearest2d` saves only sizes (derivatives.yaml), c2 keeps it:
+    // 2·3·7·7·4 = 1176. up2 (`interpolate`, bilinear, size [10, 12]) saves only sizes too;
+    // c3 keeps its output [2, 2, 10, 12]: 2·2·10·12·4 = 1920. 1176 + 1920 = 3096.
+    // Measured with PyTorch 2.15: 3096.
+    // Parameters: 2·3 + 3 + 3·2 + 2 + 2·1 + 1 = 20 (measured: 20).
+    let v = check("upsample", &[], 3096, 20);
+    assert_eq!(
+        v["layers"][1]["output_shape"],
+        serde_json::json!([2, 3, 7, 7])
+    );
+    assert_eq!(
+        v["layers"][3]["output_shape"],
+        serde_json::json!([2, 2, 10, 12])
+    );
+}
+
+#[test]
+fn upsample1d() {
+    // On [B, 2, 5]: c1 → [2, 3, 5]; up1 (nearest, scale 2) → [2, 3, 10], kept by c2:
+    // 2·3·10·4 = 240; up2 (linear, size 11) → [2, 2, 11], kept by c3: 2·2·11·4 = 176. The
+    // `upsample_nearest1d` and `upsample_linear1d` entries save only sizes. 240 + 176 = 416.
+    // Measured with PyTorch 2.15: 416.
+    // Parameters: 9 + 8 + 3 = 20 (measured: 20).
+    let v = check("upsample1d", &[], 416, 20);
+    assert_eq!(
+        v["layers"][3]["output_shape"],
+        serde_json::json!([2, 2, 11])
+    );
+}
+
+#[test]
 fn batchnorm1d() {
     // bn keeps its input [4, 6] (fc's output): 4·6·4 = 96, and float32 save_mean and
     // save_invstd [6]: 2·6·4 = 48. 96 + 48 = 144.

@@ -143,6 +143,14 @@ pub enum AtenOp {
     AvgPool2d,
     /// `_adaptive_avg_pool2d(self, output_size)`.
     AdaptiveAvgPool2d,
+    /// `upsample_nearest1d(self, output_size, scales)`.
+    UpsampleNearest1d,
+    /// `upsample_nearest2d(self, output_size, scales_h, scales_w)`.
+    UpsampleNearest2d,
+    /// `upsample_linear1d(self, output_size, align_corners, scales)`.
+    UpsampleLinear1d,
+    /// `upsample_bilinear2d(self, output_size, align_corners, scales_h, scales_w)`.
+    UpsampleBilinear2d,
     /// `_scaled_dot_product_flash_attention(query, key, value, …)` (and its `_for_cpu` form).
     FlashAttention,
     /// Composite: MoE dispatch (`argsort` of the routed experts, the gather of the token rows
@@ -227,6 +235,10 @@ impl AtenOp {
             AtenOp::MaxPool2dWithIndices => "max_pool2d_with_indices",
             AtenOp::AvgPool2d => "avg_pool2d",
             AtenOp::AdaptiveAvgPool2d => "_adaptive_avg_pool2d",
+            AtenOp::UpsampleNearest1d => "upsample_nearest1d",
+            AtenOp::UpsampleNearest2d => "upsample_nearest2d",
+            AtenOp::UpsampleLinear1d => "upsample_linear1d",
+            AtenOp::UpsampleBilinear2d => "upsample_bilinear2d",
             AtenOp::FlashAttention => "_scaled_dot_product_flash_attention",
             AtenOp::MoeDispatch => "moe_dispatch",
             AtenOp::RotaryTables => "rotary_embedding",
@@ -533,6 +545,11 @@ impl AtenOp {
             ),
             AtenOp::AvgPool2d => unary("avg_pool2d", IN),
             AtenOp::AdaptiveAvgPool2d => unary("_adaptive_avg_pool2d", IN),
+            // Their backward reads only `self.sym_sizes()`.
+            AtenOp::UpsampleNearest1d => unary("upsample_nearest1d", SaveRule::NOTHING),
+            AtenOp::UpsampleNearest2d => unary("upsample_nearest2d", SaveRule::NOTHING),
+            AtenOp::UpsampleLinear1d => unary("upsample_linear1d", SaveRule::NOTHING),
+            AtenOp::UpsampleBilinear2d => unary("upsample_bilinear2d", SaveRule::NOTHING),
             AtenOp::FlashAttention => spec(
                 Some("_scaled_dot_product_flash_attention_for_cpu"),
                 &["query", "key", "value", "attn_mask"],

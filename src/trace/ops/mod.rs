@@ -7,6 +7,7 @@ mod linear;
 mod norm;
 mod pointwise;
 mod pool;
+mod resize;
 mod view;
 
 #[allow(clippy::wildcard_imports)]
@@ -89,6 +90,7 @@ impl Tracer<'_> {
             Op::MaxPool2d(c) => self.max_pool2d(c, x),
             Op::AvgPool2d(c) => self.avg_pool2d(c, x),
             Op::AdaptiveAvgPool2d(c) => self.adaptive_avg_pool2d(c, x),
+            Op::Upsample(c) => self.upsample(c, x),
             Op::Flatten(c) => self.flatten(c, x),
             Op::Reshape(c) => self.reshape_layer(c, x),
             Op::Permute(c) => self.permute(c, x),

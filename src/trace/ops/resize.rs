@@ -1,0 +1,112 @@
+//! `upsample` (`interpolate`), `pad`.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use crate::graph::{UpsampleCfg, UpsampleTo};
+use crate::spec::FillMode;
+
+/// `[B, C, L] → [B, C, L']` or `[B, C, H, W] → [B, C, H', W']`: each spatial size is `size`, or
+/// `⌊len·scale_factor⌋` (ATen's `upsample_compute_output_size` casts `len·scale` to an integer).
+/// `linear` takes a `[B, C, L]` input, `bilinear` a `[B, C, H, W]` one.
+pub(super) fn upsample_shape(c: &UpsampleCfg, x: &Shape) -> Result<Shape, ShapeError> {
+    let d = x.dims();
+    let expected = match c.mode {
+        FillMode::Linear => "rank 3 [batch, channels, length] for `mode = \"linear\"`",
+        FillMode::Bilinear => "rank 4 [batch, channels, height, width] for `mode = \"bilinear\"`",
+        _ => "rank 3 [batch, channels, length] or rank 4 [batch, channels, height, width]",
+    };
+    let fits = match c.mode {
+        FillMode::Linear => d.len() == 3,
+        FillMode::Bilinear => d.len() == 4,
+        _ => d.len() == 3 || d.len() == 4,
+    };
+    if !fits {
+        return wrong_rank(x, expected);
+    }
+    let spatial = &d[2..];
+    let sizes: Vec<u64> = match c.to {
+        UpsampleTo::Size(Pair(h, w)) if spatial.len() == 1 => {
+            if h != w {
+                return invalid(format!(
+                    "`size` [{h}, {w}] gives two sizes; a [batch, channels, length] input takes one"
+                ));
+            }
+            vec![w]
+        }
+        UpsampleTo::Size(Pair(h, w)) => vec![h, w],
+        UpsampleTo::Scale(f) => {
+            let mut out = Vec::with_capacity(spatial.len());
+            for &len in spatial {
+                #[allow(clippy::cast_precision_loss)] // sizes are far below 2^52
+                let scaled = (len as f64 * f).floor();
+                if !(1.0..1.8e19).contains(&scaled) {
+                    return invalid(format!(
+                        "`scale_factor` {f} turns the size {len} of input {x} into {scaled}; it must be at least 1"
+                    ));
+                }
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked
+                out.push(scaled as u64);
+            }
+            out
+        }
+    };
+    let mut out = vec![d[0], d[1]];
+    out.extend(sizes);
+    Ok(Shape::new(out))
+}
+
+impl Tracer<'_> {
+    /// `upsample_nearest1d/2d`, `upsample_linear1d`, `upsample_bilinear2d`: a new output; each
+    /// saves nothing but sizes (`derivatives.yaml`).
+    pub(super) fn upsample(&mut self, c: &UpsampleCfg, x: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let shape = self.shaped(upsample_shape(c, &xv.shape))?;
+        let op = match (c.mode, xv.shape.rank()) {
+            (FillMode::Nearest, 3) => AtenOp::UpsampleNearest1d,
+            (FillMode::Linear, _) => AtenOp::UpsampleLinear1d,
+            (FillMode::Bilinear, _) => AtenOp::UpsampleBilinear2d,
+            _ => AtenOp::UpsampleNearest2d,
+        };
+        let y = self.fresh(shape, xv.dtype, "output", xv.requires_grad)?;
+        self.call(Call::new(op, vec![x], vec![y]))?;
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(mode: FillMode, to: UpsampleTo) -> UpsampleCfg {
+        UpsampleCfg {
+            mode,
+            to,
+            align_corners: false,
+        }
+    }
+
+    #[test]
+    fn upsample_shapes() {
+        // ⌊5·1.5⌋ = 7.
+        let c = cfg(FillMode::Nearest, UpsampleTo::Scale(1.5));
+        assert_eq!(
+            upsample_shape(&c, &Shape::from([2, 3, 5, 5])),
+            Ok(Shape::from([2, 3, 7, 7]))
+        );
+        assert_eq!(
+            upsample_shape(&c, &Shape::from([2, 3, 5])),
+            Ok(Shape::from([2, 3, 7]))
+        );
+        let b = cfg(FillMode::Bilinear, UpsampleTo::Size(Pair(10, 12)));
+        assert_eq!(
+            upsample_shape(&b, &Shape::from([2, 2, 7, 7])),
+            Ok(Shape::from([2, 2, 10, 12]))
+        );
+        assert!(upsample_shape(&b, &Shape::from([2, 2, 7])).is_err());
+        let l = cfg(FillMode::Linear, UpsampleTo::Size(Pair(10, 12)));
+        assert!(upsample_shape(&l, &Shape::from([2, 2, 7])).is_err());
+        // ⌊1·0.5⌋ = 0: no output.
+        let small = cfg(FillMode::Nearest, UpsampleTo::Scale(0.5));
+        assert!(upsample_shape(&small, &Shape::from([2, 2, 1, 4])).is_err());
+    }
+}
