@@ -9,19 +9,21 @@ use clap::{Parser, ValueEnum};
 use memest::Query;
 use memest::cost::{Amp, Optimizer, OptimizerImpl, Quant, RecipeName};
 use memest::dtype::DType;
+use memest::gpu::Gpu;
 use memest::hf::Head;
 use memest::report::Dimension;
 use memest::settings::{Lora, Loss, Overrides};
 use memest::spec::Format;
 use memest::sweep::Sweep;
 use memest::units::{UnitSystem, parse_size};
-use memest::vocab::{AttentionImpl, Device, Mode, VocabParser};
+use memest::vocab::{AttentionImpl, BudgetOn, Device, Mode, VocabParser};
 
-const EXIT_STATUS: &str = "Exit status: 0 = estimate printed (and it fits the --budget), 1 = over the --budget, 2 = bad input or usage.";
+const EXIT_STATUS: &str = "`memest gpus` lists the GPUs --gpu knows.\n\nExit status: 0 = estimate printed (and it fits the --budget), 1 = over the --budget, 2 = bad input or usage.";
 
 /// Estimate the GPU memory of a PyTorch training step or inference pass from a model description.
 #[derive(Parser, Debug)]
 #[command(name = "memest", version, about, after_help = EXIT_STATUS)]
+#[command(group(clap::ArgGroup::new("budget_source").args(["budget", "gpu"]).multiple(true)))]
 pub struct Cli {
     /// Model description (TOML or JSON); `-` reads standard input.
     model: PathBuf,
@@ -98,12 +100,13 @@ pub struct Cli {
     /// dtype of the inference KV cache (e.g. fp8, bfloat16); default: the activation dtype.
     #[arg(long, value_parser = parse_dtype)]
     kv_dtype: Option<DType>,
-    /// With --budget: find the largest micro-batch that fits, and report at it.
-    #[arg(long, requires = "budget", conflicts_with = "max_context")]
+    /// With --budget (or --gpu): find the largest micro-batch that fits, and report at it.
+    #[arg(long, requires = "budget_source", conflicts_with = "max_context")]
     max_batch: bool,
-    /// With --budget: find the longest context (sequence length) that fits, and report at it;
-    /// it stops at the model's max_position_embeddings unless --allow-long-context.
-    #[arg(long, requires = "budget")]
+    /// With --budget (or --gpu): find the longest context (sequence length) that fits, and
+    /// report at it; it stops at the model's max_position_embeddings unless
+    /// --allow-long-context.
+    #[arg(long, requires = "budget_source")]
     max_context: bool,
     /// A sequence past the model's max_position_embeddings neither warns nor stops
     /// --max-context (for long-context fine-tuning or RoPE scaling).
@@ -153,6 +156,19 @@ pub struct Cli {
     /// GiB are 2^30 bytes, GB 10^9; any case).
     #[arg(long, value_parser = parse_budget)]
     budget: Option<u64>,
+    /// The GPU (`memest gpus` lists them): its compute capability chooses the kernels (which
+    /// fused attention runs), its total memory is the budget unless --budget is given.
+    #[arg(long, value_name = "NAME", value_parser = parse_gpu)]
+    gpu: Option<&'static Gpu>,
+    /// Which figure the budget checks on a GPU: device (what nvidia-smi shows: reserved +
+    /// CUDA context + cuBLAS workspaces; default), reserved (max_memory_reserved) or
+    /// allocated (max_memory_allocated).
+    #[arg(long, value_parser = VocabParser::<BudgetOn>::new())]
+    budget_on: Option<BudgetOn>,
+    /// Size of the CUDA context and PyTorch's loaded kernels, e.g. 500MiB [default: 426MiB,
+    /// measured with lazy module loading]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    cuda_context: Option<u64>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     format: OutputFormat,
@@ -196,6 +212,7 @@ pub struct Cli {
             "expandable_segments", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
             "grad_accum", "optim_in_backward", "paged", "ema", "lora_dtype", "lora_dropout",
             "qlora_stack",
+            "gpu", "budget_on", "cuda_context",
         ]
     )]
     print_model: bool,
@@ -303,6 +320,38 @@ fn parse_probability(s: &str) -> Result<f64, String> {
 
 fn parse_budget(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_gpu(s: &str) -> Result<&'static Gpu, String> {
+    memest::gpu::find(s)
+}
+
+/// `memest gpus`: the GPUs `--gpu` knows.
+#[derive(Parser, Debug)]
+#[command(
+    name = "memest gpus",
+    about = "List the GPUs --gpu knows: total memory as the driver reports it, compute capability, sources."
+)]
+pub struct GpusCli {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = GpusFormat::Table)]
+    pub format: GpusFormat,
+    /// Print SI units (MB, GB) instead of IEC (MiB, GiB).
+    #[arg(long)]
+    pub si: bool,
+}
+
+/// How `memest gpus` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpusFormat {
+    /// A table for people.
+    Table,
+    /// A JSON array, one object per GPU.
+    Json,
 }
 
 /// Where the model description comes from.
@@ -584,6 +633,9 @@ impl Cli {
             lora_dtype: self.lora_dtype,
             lora_dropout: self.lora_dropout,
             qlora_stack: self.qlora_stack,
+            gpu: self.gpu,
+            cuda_context: self.cuda_context,
+            budget_on: self.budget_on,
         };
         let search = if self.max_batch {
             Some(Dimension::Batch)
@@ -601,7 +653,7 @@ impl Cli {
             head: self.head,
             query: Query {
                 overrides,
-                budget: self.budget,
+                budget: self.budget.or(self.gpu.map(|g| g.total_bytes)),
                 search,
                 warnings: quant_warnings,
                 observe: memest::sim::Observe {

@@ -173,6 +173,8 @@ pub enum SettingKey {
     GradAccum,
     /// `--optim-in-backward`, `--paged`, `--ema`: how the optimizer runs.
     OptimizerRun,
+    /// `--device`, `--gpu`, `--budget-on`, `--cuda-context`, `defaults.device`.
+    Device,
 }
 
 /// An invalid setting.

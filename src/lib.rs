@@ -30,6 +30,7 @@ pub mod alloc;
 pub mod cost;
 pub mod dtype;
 pub mod error;
+pub mod gpu;
 pub mod graph;
 pub mod hf;
 pub mod parallel;
@@ -434,7 +435,7 @@ fn estimate_with(
         &tape,
         &sim,
         budget,
-    )))
+    )?))
 }
 
 /// [`estimate_spec`] with every copy of every repeated block traced and replayed: the reference
@@ -523,7 +524,7 @@ fn estimate_generate(
         }
         _ => (report::GenerationPhase::Prefill, &prefill, &prefill_sim),
     };
-    let mut report = Report::new(&model.name, settings, tape, sim, budget);
+    let mut report = Report::new(&model.name, settings, tape, sim, budget)?;
     let final_tape = decode.as_ref().map_or(&prefill, |(t, _)| t);
     report.kv_cache_bytes = final_tape
         .storages

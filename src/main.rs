@@ -28,7 +28,14 @@ fn main() -> ExitCode {
             _ => ExitCode::SUCCESS,
         };
     }
-    match cli::Cli::parse().into_request().and_then(run) {
+    // `memest gpus`: the GPU catalog (likewise, a file named `gpus` is still read as a model).
+    let result =
+        if args.first().is_some_and(|a| a == "gpus") && !std::path::Path::new("gpus").exists() {
+            gpus(cli::GpusCli::parse_from(std::env::args_os().skip(1)))
+        } else {
+            cli::Cli::parse().into_request().and_then(run)
+        };
+    match result {
         Ok(code) => code,
         Err(err) => {
             let broken_pipe = err.chain().any(|c| {
@@ -42,6 +49,25 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `memest gpus`: the catalog as a table or JSON.
+fn gpus(args: cli::GpusCli) -> Result<ExitCode> {
+    let all = memest::gpu::catalog()?;
+    let mut out = io::stdout().lock();
+    match args.format {
+        cli::GpusFormat::Table => {
+            let units = if args.si {
+                memest::units::UnitSystem::Si
+            } else {
+                memest::units::UnitSystem::Iec
+            };
+            write!(out, "{}", memest::render::gpus(all, units))?;
+        }
+        cli::GpusFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(all)?)?,
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run(req: Request) -> Result<ExitCode> {

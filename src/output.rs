@@ -49,8 +49,9 @@ pub fn print_report(
     out.flush()?;
     if let Some(b) = report.budget.as_ref().filter(|b| !b.fits) {
         eprintln!(
-            "memest: over budget: total {} > budget {} (over by {})",
-            format_bytes(report.total_bytes, units),
+            "memest: over budget: {} {} > budget {} (over by {})",
+            b.on,
+            format_bytes(b.checked_bytes, units),
             format_bytes(b.budget_bytes, units),
             format_bytes(b.overshoot_bytes, units)
         );

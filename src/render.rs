@@ -35,6 +35,45 @@ fn thousands(n: u64) -> String {
     out
 }
 
+/// `memest gpus`: one row per GPU (id, name, total memory as the driver reports it, compute
+/// capability, and where the total comes from), then the aliases and the sources.
+#[must_use]
+pub fn gpus(all: &[crate::gpu::Gpu], units: UnitSystem) -> String {
+    use crate::gpu::TotalFrom;
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header([
+        "GPU",
+        "Name",
+        "Memory",
+        "Total",
+        "Compute capability",
+        "Aliases",
+    ]);
+    for g in all {
+        let total = match g.total_from {
+            TotalFrom::NvidiaSmi => format_bytes(g.total_bytes, units),
+            TotalFrom::Datasheet => format!("{} *", format_bytes(g.total_bytes, units)),
+        };
+        table.add_row([
+            g.id.clone(),
+            g.name.clone(),
+            g.memory.clone(),
+            total,
+            g.arch.to_string(),
+            g.aliases.join(", "),
+        ]);
+    }
+    if let Some(col) = table.column_mut(3) {
+        col.set_cell_alignment(CellAlignment::Right);
+    }
+    let mut out = format!("{table}\n");
+    out.push_str(
+        "Total: what nvidia-smi reports as memory.total, from a published output; * the datasheet's\ncapacity (no published driver figure; the driver's total is at most this).\nSources: `memest gpus --format json` (source, total_source), or data/gpus.toml.\n",
+    );
+    out
+}
+
 /// The search's outcome (`--max-batch`, `--max-context`), the header and the per-category table.
 #[must_use]
 pub fn summary(r: &Report, units: UnitSystem) -> String {
@@ -467,24 +506,72 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
             g.peak_phase.title()
         )?;
     }
+    write_device(out, r, units)?;
     if let Some(b) = &r.budget {
+        let mut what = fmt(b.budget_bytes);
+        if let Some(g) = r.gpu.as_ref().filter(|g| g.total_bytes == b.budget_bytes) {
+            write!(what, " ({})", g.name)?;
+        }
+        if r.device_bytes.is_some() {
+            write!(what, ", {} figure {}", b.on, fmt(b.checked_bytes))?;
+        }
         if b.fits {
             writeln!(
                 out,
-                "budget: {}: fits, {} to spare",
-                fmt(b.budget_bytes),
-                fmt(b.budget_bytes.saturating_sub(r.total_bytes))
+                "budget: {what}: fits, {} to spare",
+                fmt(b.budget_bytes.saturating_sub(b.checked_bytes))
             )?;
         } else {
-            writeln!(
-                out,
-                "budget: {}: OVER by {}",
-                fmt(b.budget_bytes),
-                fmt(b.overshoot_bytes)
-            )?;
+            write!(out, "budget: {what}: OVER by {}", fmt(b.overshoot_bytes))?;
+            if r.search.is_none() {
+                write!(
+                    out,
+                    "; --max-batch finds the largest batch that fits; --checkpoint or a 16-bit --recipe keep less"
+                )?;
+            }
+            writeln!(out)?;
         }
     }
     Ok(())
+}
+
+/// On a GPU: what nvidia-smi shows (reserve + CUDA context + cuBLAS workspaces), the card and
+/// what PyTorch can use of it, and what the device figure leaves out. Nothing on the CPU.
+fn write_device(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    let fmt = |b: u64| format_bytes(b, units);
+    let (Some(device), Some(context), Some(workspace)) =
+        (r.device_bytes, r.cuda_context_bytes, r.workspace_bytes)
+    else {
+        return Ok(());
+    };
+    let reserved = device.saturating_sub(context).saturating_sub(workspace);
+    writeln!(
+        out,
+        "on the device (nvidia-smi): {} = {} reserved + {} CUDA context + {} cuBLAS workspaces",
+        fmt(device),
+        fmt(reserved),
+        fmt(context),
+        fmt(workspace)
+    )?;
+    if let Some(g) = &r.gpu {
+        writeln!(
+            out,
+            "gpu: {} (compute capability {}): {} total, {} usable by PyTorch after the context and workspaces",
+            g.name,
+            g.compute_capability,
+            fmt(g.total_bytes),
+            fmt(g.usable_bytes)
+        )?;
+    }
+    let reserve = if r.reserved_peak_bytes.is_some() {
+        "the caching allocator's reserve"
+    } else {
+        "the tensors (the caching allocator is not modelled here: reserved is the tensor peak)"
+    };
+    writeln!(
+        out,
+        "the device figure counts {reserve}, the CUDA context and cuBLAS workspaces; it leaves out cuDNN convolution workspaces, NCCL buffers, kernels loaded after the context's first use and other processes"
+    )
 }
 
 /// A bytes-per-parameter figure: whole numbers plain, others with up to three decimals.

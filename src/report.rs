@@ -9,7 +9,9 @@ use typed_index_collections::{TiVec, ti_vec};
 use crate::cost::plan::StepUse;
 pub use crate::cost::{BytesPerParam, RecipeReport};
 use crate::dtype::DType;
-use crate::settings::Settings;
+use crate::error::Error;
+use crate::gpu::DeviceTerms;
+use crate::settings::{BudgetOn, Device, Settings};
 use crate::shape::Shape;
 use crate::sim::{Category, Phase, Simulation, Timeline};
 use crate::spec::LayerKind;
@@ -111,7 +113,22 @@ pub struct Report {
     pub at_peak: CategoryBytes,
     /// Each category's own maximum during the step.
     pub category_max: CategoryBytes,
-    /// The budget check, when `--budget` was given.
+    /// `--gpu`: the card, its total and what PyTorch can use of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuReport>,
+    /// On a GPU (`--device cuda`): the CUDA context and PyTorch's CUDA runtime (absent on the
+    /// CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_context_bytes: Option<u64>,
+    /// On a GPU: cuBLAS and cuBLASLt workspaces, one of each per cuBLAS handle
+    /// ([`crate::gpu::DeviceTerms`]); absent on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_bytes: Option<u64>,
+    /// On a GPU: what `nvidia-smi` shows for the process, the reserved peak plus the context
+    /// and the workspaces; absent on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_bytes: Option<u64>,
+    /// The budget check, when `--budget` (or `--gpu`) was given.
     pub budget: Option<Budget>,
     /// `--mode generate`: each phase's peak. The rest of the report describes the phase that
     /// peaks (its forward pass), except `kv_cache_bytes`, the cache at the end.
@@ -419,10 +436,41 @@ impl JsonSchema for Shape {
 pub struct Budget {
     /// The budget in bytes.
     pub budget_bytes: u64,
-    /// Whether `total_bytes <= budget_bytes`.
+    /// Which figure is checked (`--budget-on`): `device` (`device_bytes`, the default on a
+    /// GPU), `reserved` (`reserved_peak_bytes`) or `allocated` (`allocated_peak_bytes`; on the
+    /// CPU always, as `total_bytes`). Where the allocator is not modelled (`--gpus`), reserved
+    /// and allocated are `total_bytes`.
+    pub on: BudgetOn,
+    /// The figure checked, in bytes.
+    pub checked_bytes: u64,
+    /// Whether `checked_bytes <= budget_bytes`.
     pub fits: bool,
-    /// `total_bytes - budget_bytes` when over, else 0.
+    /// `checked_bytes - budget_bytes` when over, else 0.
     pub overshoot_bytes: u64,
+}
+
+/// The GPU named with `--gpu`.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct GpuReport {
+    /// Its catalog id (`memest gpus`).
+    pub name: String,
+    /// Total device memory, as the driver reports it (`data/gpus.toml`).
+    pub total_bytes: u64,
+    /// The CUDA compute capability (`9.0`) or the AMD gfx target (`gfx942`).
+    pub compute_capability: String,
+    /// What PyTorch's caching allocator can use: the total less the CUDA context and the
+    /// cuBLAS workspaces.
+    pub usable_bytes: u64,
+}
+
+/// The peaks the caching allocator reports, `(max_memory_allocated, max_memory_reserved)`:
+/// the allocator model's ([`Simulation::allocator`]); where it does not run (the CPU, `--gpus`)
+/// both are the tensor peak.
+fn allocator_peaks(sim: &Simulation) -> (u64, u64) {
+    sim.allocator.map_or((sim.peak_bytes, sim.peak_bytes), |a| {
+        (a.allocated_peak_bytes, a.reserved_peak_bytes)
+    })
 }
 
 /// One layer's figures, summed over its `repeat` copies.
@@ -524,15 +572,19 @@ impl CategoryBytes {
 }
 
 impl Report {
-    /// Assembles the report from a traced tape and its simulation.
-    #[must_use]
+    /// Assembles the report from a traced tape and its simulation. On a GPU it adds the CUDA
+    /// context and workspaces ([`DeviceTerms`]) and checks the budget against the figure
+    /// `settings.budget_on` names; on the CPU against the tensor peak.
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] when the device figure does not fit in 64 bits.
     pub fn new(
         model: &str,
         settings: &Settings,
         tape: &Tape,
         sim: &Simulation,
         budget: Option<u64>,
-    ) -> Report {
+    ) -> Result<Report, Error> {
         let bytes_of = |kind: StorageKind| -> u64 {
             tape.storages
                 .iter()
@@ -548,7 +600,34 @@ impl Report {
             .filter(|p| p.trainable)
             .map(|p| p.numel)
             .sum();
-        Report {
+        let (allocated, reserved) = allocator_peaks(sim);
+        let terms = match settings.device {
+            Device::Cuda => Some(DeviceTerms::new(
+                &settings.arch,
+                settings.cuda_context,
+                reserved,
+                settings.training(),
+            )?),
+            Device::Cpu => None,
+        };
+        let (on, checked) = match (&terms, settings.budget_on) {
+            (None, _) | (Some(_), BudgetOn::Allocated) => (BudgetOn::Allocated, allocated),
+            (Some(_), BudgetOn::Reserved) => (BudgetOn::Reserved, reserved),
+            (Some(t), BudgetOn::Device) => (BudgetOn::Device, t.device_bytes),
+        };
+        let gpu = match (settings.gpu, &terms) {
+            (Some(g), Some(t)) => Some(GpuReport {
+                name: g.id.clone(),
+                total_bytes: g.total_bytes,
+                compute_capability: g.arch.to_string(),
+                usable_bytes: g
+                    .total_bytes
+                    .saturating_sub(t.cuda_context_bytes)
+                    .saturating_sub(t.workspace_bytes),
+            }),
+            _ => None,
+        };
+        Ok(Report {
             model: model.to_string(),
             settings: settings.clone(),
             recipe: RecipeReport::new(
@@ -610,10 +689,16 @@ impl Report {
             peak_layer: sim.peak_layer.map(|l| tape.layers[l].path.clone()),
             at_peak: CategoryBytes::from_values(&sim.at_peak),
             category_max: CategoryBytes::from_values(&sim.category_max),
+            gpu,
+            cuda_context_bytes: terms.as_ref().map(|t| t.cuda_context_bytes),
+            workspace_bytes: terms.as_ref().map(|t| t.workspace_bytes),
+            device_bytes: terms.as_ref().map(|t| t.device_bytes),
             budget: budget.map(|b| Budget {
                 budget_bytes: b,
-                fits: total <= b,
-                overshoot_bytes: total.saturating_sub(b),
+                on,
+                checked_bytes: checked,
+                fits: checked <= b,
+                overshoot_bytes: checked.saturating_sub(b),
             }),
             generation: None,
             layers,
@@ -645,7 +730,7 @@ impl Report {
                     comm_buffers_bytes: sim.category_max[Category::CommBuffers as usize],
                     cpu_bytes: 0,
                 }),
-        }
+        })
     }
 
     /// The report as pretty-printed JSON, keys sorted alphabetically at every level (the

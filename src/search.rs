@@ -180,14 +180,18 @@ mod tests {
 
     #[test]
     fn finds_the_boundary() {
-        let o = Overrides::default();
+        // On the CPU the budget checks the tensor peak, `total_bytes`.
+        let o = Overrides {
+            device: Some(crate::settings::Device::Cpu),
+            ..Overrides::default()
+        };
         let at = |b: u64| {
             crate::estimate_spec(
                 &spec(),
                 "m",
                 &Overrides {
                     batch: Some(b),
-                    ..Overrides::default()
+                    ..o.clone()
                 },
                 None,
             )

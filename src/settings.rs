@@ -10,7 +10,8 @@ use crate::error::{Error, SettingKey};
 use crate::spec::DefaultsSpec;
 
 pub use crate::cost::{Amp, Optimizer, OptimizerImpl, Quant, Recipe, RecipeName};
-pub use crate::vocab::{AttentionImpl, Device, Mode};
+pub use crate::gpu::Arch;
+pub use crate::vocab::{AttentionImpl, BudgetOn, Device, Mode};
 
 /// Command-line overrides; `None` keeps the file's default.
 #[derive(Clone, Debug, Default)]
@@ -43,6 +44,13 @@ pub struct Overrides {
     pub lora_dtype: Option<DType>,
     pub lora_dropout: Option<f64>,
     pub qlora_stack: Option<QloraStack>,
+    /// `--gpu`: the card whose compute capability the kernels follow and whose size is the
+    /// default budget.
+    pub gpu: Option<&'static crate::gpu::Gpu>,
+    /// `--cuda-context`, in bytes.
+    pub cuda_context: Option<u64>,
+    /// `--budget-on`.
+    pub budget_on: Option<BudgetOn>,
 }
 
 /// The library stack a QLoRA run goes through (`--qlora-stack`): what it quantizes and in which
@@ -321,6 +329,23 @@ pub struct Settings {
     /// The QLoRA library stack, when one is named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qlora_stack: Option<QloraStack>,
+    /// The GPU architecture CUDA kernels are chosen for: `--gpu`'s, else [`Arch::DEFAULT`]
+    /// (sm 9.0). The report's `gpu` names the card.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub arch: Arch,
+    /// `--gpu`, when given.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub gpu: Option<&'static crate::gpu::Gpu>,
+    /// `--cuda-context`, in bytes.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub cuda_context: Option<u64>,
+    /// Which figure the budget checks (`--budget-on`; on the CPU always the tensors' peak).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub budget_on: BudgetOn,
 }
 
 fn one() -> u64 {
@@ -489,6 +514,18 @@ impl Settings {
                 "--kv-dtype sets the inference KV cache: use it with --mode infer, --context or --mode generate",
             ));
         }
+        let device = o.device.or(defaults.device).unwrap_or(Device::Cuda);
+        if let Some(g) = o.gpu
+            && device == Device::Cpu
+        {
+            return Err(Error::setting(
+                SettingKey::Device,
+                format!(
+                    "--gpu {} models that GPU's CUDA kernels; it cannot be combined with --device cpu (or the file's device = \"cpu\")",
+                    g.id
+                ),
+            ));
+        }
         Ok(Settings {
             batch,
             seq,
@@ -499,7 +536,11 @@ impl Settings {
             attention,
             amp: recipe.autocast,
             checkpoint: o.checkpoint,
-            device: o.device.or(defaults.device).unwrap_or(Device::Cuda),
+            device,
+            arch: o.gpu.map_or(Arch::DEFAULT, |g| g.arch.clone()),
+            gpu: o.gpu,
+            cuda_context: o.cuda_context,
+            budget_on: o.budget_on.unwrap_or_default(),
             lora: o.lora.clone(),
             quant: o.quant,
             kv_dtype: o.kv_dtype,

@@ -101,7 +101,7 @@ fn trace_one(
     if sim.allocator.is_some() || sim.held.accumulating_peak.is_some() {
         return None;
     }
-    let report = Report::new(&model.name, settings, &tape, &sim, budget);
+    let report = Report::new(&model.name, settings, &tape, &sim, budget).ok()?;
     let block = tape
         .repeats
         .iter()
@@ -467,7 +467,7 @@ fn extend_report(
     budget: Option<u64>,
 ) -> Option<Report> {
     let ext = |f: fn(&Report) -> u64| affine(f(r[0]), f(r[1]), f(r[2]), n);
-    let mut out = Report::new(name, settings, tape, sim, budget);
+    let mut out = Report::new(name, settings, tape, sim, budget).ok()?;
     out.param_count = ext(|r| r.param_count)?;
     out.trainable_param_count = ext(|r| r.trainable_param_count)?;
     out.parameters_bytes = ext(|r| r.parameters_bytes)?;

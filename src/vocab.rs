@@ -180,6 +180,20 @@ pub enum Device {
 }
 crate::vocab!(Device, "device");
 
+/// Which figure `--budget` and the `--max-batch`/`--max-context` search check on a GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, schemars::JsonSchema)]
+#[schemars(rename_all = "lowercase")]
+pub enum BudgetOn {
+    /// The tensors' peak, what `torch.cuda.max_memory_allocated()` reports.
+    Allocated,
+    /// The caching allocator's reserve, what `torch.cuda.max_memory_reserved()` reports.
+    Reserved,
+    /// What `nvidia-smi` shows: the reserve plus the CUDA context and the cuBLAS workspaces.
+    #[default]
+    Device,
+}
+crate::vocab!(BudgetOn, "budget figure");
+
 #[cfg(test)]
 mod tests {
     use super::*;

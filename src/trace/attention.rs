@@ -279,14 +279,13 @@ impl Tracer<'_> {
         };
         let math = fused
             && !torch_mha
-            && match self.s.device {
-                Device::Cpu => self.training() && c.dropout > 0.0,
-                Device::Cuda => c.bool_mask && self.cuda_math_sdpa(q, k, bias),
-            };
+            && self.s.device == Device::Cpu
+            && self.training()
+            && c.dropout > 0.0;
         let ctx = if math {
             self.sdpa_math(q, k, v, c, bias)?
         } else if fused {
-            self.sdpa_flash(q, k, v, bias)?
+            self.sdpa_fused(q, k, v, c, bias)?
         } else {
             self.sdpa_eager(q, k, v, c, bias)?
         };
@@ -371,57 +370,76 @@ impl Tracer<'_> {
         Ok(y)
     }
 
-    /// Scaled-dot-product attention through a fused kernel (flash): saves Q, K and V as passed,
-    /// the output, and a float32 log-sum-exp `[B, heads, S]`
-    /// (`derivatives.yaml` `_scaled_dot_product_flash_attention(_for_cpu)`). On the CPU the
-    /// output is allocated with the query's dimension order (`empty_like`). On CUDA the kernel
-    /// is [`cuda_sdpa_kernel`]'s: cuDNN allocates the output with the query's dimension order
-    /// too (`alloc_with_matching_layout`, `aten/src/ATen/native/cudnn/MHA.cpp`); flash
-    /// (`empty_like` of the query transposed to `[B, S, heads, head_dim]`, `flash_api.cpp`) and
-    /// the memory-efficient kernel lay it out `[B, S, heads, head_dim]`, and the latter pads its
-    /// log-sum-exp to
-    /// `[B, heads, ⌈S/32⌉·32]` (`_efficient_attention_forward`,
-    /// `aten/src/ATen/native/transformers/cuda/attention.cu`).
-    pub(super) fn sdpa_flash(
+    /// Scaled-dot-product attention through `F.scaled_dot_product_attention`. On CUDA the
+    /// kernel is the one PyTorch picks for the GPU's compute capability ([`sdpa::select`]:
+    /// cuDNN, flash, memory-efficient or math); the CPU runs its flash kernel
+    /// (`_scaled_dot_product_flash_attention_for_cpu`). A fused kernel saves Q, K and V as
+    /// passed, the output, and a float32 log-sum-exp `[B, heads, S]` (`derivatives.yaml`
+    /// `_scaled_dot_product_{flash,efficient,cudnn}_attention`). On the CPU, and for cuDNN
+    /// (`alloc_with_matching_layout`, `aten/src/ATen/native/cudnn/MHA.cpp`), the output is
+    /// allocated with the query's dimension order; the flash and memory-efficient kernels lay it
+    /// out `[B, S, heads, head_dim]`, and the memory-efficient one pads its log-sum-exp to
+    /// `[B, heads, ⌈S/32⌉·32]` when it computes one for backward (`_efficient_attention_forward`,
+    /// `aten/src/ATen/native/transformers/cuda/attention.cu`). The math kernel is
+    /// [`Self::sdpa_math`]'s.
+    pub(super) fn sdpa_fused(
         &mut self,
         q: ValueId,
         k: ValueId,
         v: ValueId,
+        c: &AttentionCfg,
         bias: Option<ValueId>,
     ) -> Result<ValueId, Error> {
         let q = self.autocast_input(q)?;
         let k = self.autocast_input(k)?;
         let v = self.autocast_input(v)?;
         let qv = self.val(q).clone();
-        let &[b, heads, s, _] = qv.shape.dims() else {
+        let &[b, heads, s, hd] = qv.shape.dims() else {
             unreachable!("heads view is rank 4")
         };
         let rg = qv.requires_grad || self.rg(k) || self.rg(v);
         let kernel = match self.s.device {
-            Device::Cuda => Some(cuda_sdpa_kernel(
-                qv.dtype,
-                bias.map(|m| self.rg(m)),
-                EMULATED_SM,
-            )),
-            Device::Cpu => None,
-        };
-        let layout = match (kernel, qv.layout) {
-            (Some(CudaSdpa::Efficient | CudaSdpa::Flash), _) => Layout::HeadsTransposed,
-            (
-                None | Some(CudaSdpa::Cudnn),
-                l @ (Layout::HeadsTransposed | Layout::SeqFirst | Layout::Contiguous),
-            ) => l,
-            (None | Some(CudaSdpa::Cudnn), Layout::HeadsStrided) => Layout::HeadsTransposed,
-            (None | Some(CudaSdpa::Cudnn), Layout::LastTwoSwapped | Layout::Strided) => {
-                Layout::Contiguous
+            Device::Cpu => SdpaKernel::Flash,
+            Device::Cuda => {
+                let (kd, vd) = (self.val(k).shape.dims(), self.val(v).shape.dims());
+                let call = SdpaCall {
+                    dtype: qv.dtype,
+                    head_dim_qk: hd,
+                    head_dim_v: vd.get(3).copied().unwrap_or(hd),
+                    s_q: s,
+                    s_k: kd.get(2).copied().unwrap_or(s),
+                    mask: bias.is_some(),
+                    mask_requires_grad: bias.is_some_and(|m| self.rg(m)),
+                    heads_q: heads,
+                    heads_kv: kd.get(1).copied().unwrap_or(heads),
+                    // transformers' SDPA path passes `enable_gqa`; a layer that calls
+                    // `scaled_dot_product_attention` itself (Falcon's multi-query attention,
+                    // the `bool_mask` layers) passes none.
+                    enable_gqa: !c.bool_mask,
+                    dropout: c.dropout,
+                    causal: c.causal,
+                    requires_grad: rg,
+                };
+                sdpa::select(&self.s.arch, &call)
             }
         };
-        let lse_len = match kernel {
-            Some(CudaSdpa::Efficient) => checked(
+        if kernel == SdpaKernel::Math {
+            return self.sdpa_math(q, k, v, c, bias);
+        }
+        let query_order = self.s.device == Device::Cpu || kernel == SdpaKernel::Cudnn;
+        let layout = match (query_order, qv.layout) {
+            (false, _) => Layout::HeadsTransposed,
+            (true, l @ (Layout::HeadsTransposed | Layout::SeqFirst | Layout::Contiguous)) => l,
+            (true, Layout::HeadsStrided) => Layout::HeadsTransposed,
+            (true, Layout::LastTwoSwapped | Layout::Strided) => Layout::Contiguous,
+        };
+        let lse_len = if self.s.device == Device::Cuda && kernel == SdpaKernel::Efficient && rg {
+            checked(
                 s.div_ceil(32).checked_mul(32),
                 "the padded log-sum-exp length",
-            )?,
-            None | Some(CudaSdpa::Cudnn | CudaSdpa::Flash) => s,
+            )?
+        } else {
+            s
         };
         let out_s = self.storage(
             &qv.shape,
@@ -511,22 +529,6 @@ impl Tracer<'_> {
             qv.dtype,
             "context",
         )
-    }
-
-    /// Whether CUDA SDPA falls back to its math path: the memory-efficient kernel (what float32
-    /// inputs get) needs as many K/V heads as query heads unless `enable_gqa` is passed
-    /// (`check_batch_size_and_num_heads_dense` in `sdp_utils.cpp`), and a caller that calls
-    /// `scaled_dot_product_attention` itself with fewer K/V heads (Falcon's multi-query
-    /// attention, the `bool_mask` layers) passes none. transformers' own SDPA path passes
-    /// `enable_gqa` instead, so the caller decides (`c.bool_mask` at the call site).
-    fn cuda_math_sdpa(&self, q: ValueId, k: ValueId, bias: Option<ValueId>) -> bool {
-        let (qv, kv) = (self.val(q), self.val(k));
-        let dtype = match self.s.amp {
-            Some(amp) if qv.dtype.is_float() => amp.dtype(),
-            _ => qv.dtype,
-        };
-        let kernel = cuda_sdpa_kernel(dtype, bias.map(|m| self.rg(m)), EMULATED_SM);
-        kernel == CudaSdpa::Efficient && kv.shape.dims()[1] != qv.shape.dims()[1]
     }
 
     /// SDPA's math path, `_scaled_dot_product_attention_math`
@@ -684,72 +686,5 @@ impl Tracer<'_> {
         )?;
         self.call(Call::new(AtenOp::RepeatKv, vec![t], vec![y]))?;
         Ok(y)
-    }
-}
-
-/// The fused attention kernel PyTorch's CUDA backend picks (`sdp::select_sdp_backend`,
-/// `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CudaSdpa {
-    /// `_scaled_dot_product_cudnn_attention`: first in the priority order on sm90 and sm100
-    /// (with cuDNN newer than 9.15), for 16-bit inputs, with or without a mask.
-    Cudnn,
-    /// `_scaled_dot_product_flash_attention`: first elsewhere from sm80 on, for 16-bit inputs
-    /// without a mask.
-    Flash,
-    /// `_scaled_dot_product_efficient_attention`: float32 inputs, masks where cuDNN is not
-    /// first, and every GPU before sm80 (V100, T4).
-    Efficient,
-}
-
-/// The compute capability (major, minor) whose kernel choice the CUDA path models: the H100
-/// (sm 9.0) that `tools/measure_fake_cuda.py` emulates for the measured CUDA figures.
-const EMULATED_SM: (u32, u32) = (9, 0);
-
-/// The kernel for inputs of `dtype` on a GPU of compute capability `sm`, with a float mask when
-/// `mask` is `Some(requires_grad)`, in `select_sdp_backend`'s order: cuDNN first on sm90/sm100
-/// (`minor` 0 or 3; not for a mask that requires grad, such as T5's learned position bias),
-/// then flash, then memory-efficient (`sdp_utils.cpp`: `check_prefer_cudnn_attention`,
-/// `can_use_cudnn_attention`, `can_use_flash_attention` — 16-bit inputs on sm80 to sm121, no
-/// mask — and `can_use_mem_efficient_attention`). Head sizes and dropout within the cases
-/// memest models do not change the choice.
-fn cuda_sdpa_kernel(dtype: DType, mask: Option<bool>, sm: (u32, u32)) -> CudaSdpa {
-    let half = matches!(dtype, DType::Bfloat16 | DType::Float16);
-    let fused_16bit = half && ((8, 0)..=(12, 1)).contains(&sm);
-    let cudnn_first = matches!(sm.0, 9 | 10) && matches!(sm.1, 0 | 3);
-    if fused_16bit && cudnn_first && mask != Some(true) {
-        CudaSdpa::Cudnn
-    } else if fused_16bit && mask.is_none() {
-        CudaSdpa::Flash
-    } else {
-        CudaSdpa::Efficient
-    }
-}
-
-#[cfg(test)]
-mod kernel_tests {
-    use super::*;
-
-    #[test]
-    fn cuda_sdpa_kernel_follows_select_sdp_backend() {
-        use CudaSdpa::{Cudnn, Efficient, Flash};
-        // H100 (the measured CUDA figures): cuDNN for 16-bit, masked or not; float32 elsewhere.
-        assert_eq!(cuda_sdpa_kernel(DType::Bfloat16, None, (9, 0)), Cudnn);
-        assert_eq!(cuda_sdpa_kernel(DType::Float16, Some(false), (9, 0)), Cudnn);
-        assert_eq!(cuda_sdpa_kernel(DType::Float32, None, (9, 0)), Efficient);
-        // A mask that requires grad (a learned bias): memory-efficient, which returns its grad.
-        assert_eq!(
-            cuda_sdpa_kernel(DType::Bfloat16, Some(true), (9, 0)),
-            Efficient
-        );
-        // A100: flash unless masked.
-        assert_eq!(cuda_sdpa_kernel(DType::Bfloat16, None, (8, 0)), Flash);
-        assert_eq!(
-            cuda_sdpa_kernel(DType::Bfloat16, Some(false), (8, 0)),
-            Efficient
-        );
-        // V100 and T4: neither flash nor cuDNN.
-        assert_eq!(cuda_sdpa_kernel(DType::Float16, None, (7, 0)), Efficient);
-        assert_eq!(cuda_sdpa_kernel(DType::Float16, None, (7, 5)), Efficient);
     }
 }

@@ -17,6 +17,7 @@ mod elementwise;
 mod moe;
 mod ops;
 mod params;
+pub mod sdpa;
 pub mod tape;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ use crate::settings::{Loss, Settings};
 use crate::shape::Shape;
 use crate::spec::{DimSpec, Pair};
 use crate::vocab::{AttentionImpl, Device};
+use sdpa::{SdpaCall, SdpaKernel};
 
 /// Upper bound on traced operators (after repeating blocks), so that an absurd `count` is an
 /// error rather than a hang.

@@ -393,11 +393,22 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
     }
     non_negative(&value, "")?;
     if let Some(b) = &r.budget {
-        let over = r.total_bytes.saturating_sub(b.budget_bytes);
-        if b.fits != (r.total_bytes <= b.budget_bytes) || b.overshoot_bytes != over {
+        // The figure checked: the tensor peak (allocated), what nvidia-smi shows (device), or
+        // the allocator's reserve between the two.
+        use memest::settings::BudgetOn;
+        let figure_ok = match b.on {
+            BudgetOn::Allocated => {
+                b.checked_bytes == r.allocated_peak_bytes.unwrap_or(r.total_bytes)
+            }
+            BudgetOn::Reserved => b.checked_bytes == r.reserved_peak_bytes.unwrap_or(r.total_bytes),
+            BudgetOn::Device => Some(b.checked_bytes) == r.device_bytes,
+        };
+        let over = b.checked_bytes.saturating_sub(b.budget_bytes);
+        if !figure_ok || b.fits != (b.checked_bytes <= b.budget_bytes) || b.overshoot_bytes != over
+        {
             return Err(format!(
-                "budget verdict {b:?} disagrees with the total {}",
-                r.total_bytes
+                "budget verdict {b:?} disagrees with the total {} or the device figure {:?}",
+                r.total_bytes, r.device_bytes
             ));
         }
     }

@@ -100,10 +100,12 @@ fn total(args: &[&str]) -> u64 {
 
 #[test]
 fn budget_above_the_total_exits_zero() {
-    let t = total(&[MLP]);
+    // On the CPU the budget checks the tensor peak, `total_bytes` (tests/it/gpu.rs covers the
+    // figures a GPU checks).
+    let t = total(&[MLP, "--device", "cpu"]);
     for budget in [t + 1, t, t * 2] {
         let b = budget.to_string();
-        let out = memest(&[MLP, "--budget", &b]);
+        let out = memest(&[MLP, "--budget", &b, "--device", "cpu"]);
         assert_success(&out);
         assert!(stdout(&out).contains("fits"), "{}", describe(&out));
     }
@@ -113,10 +115,10 @@ fn budget_above_the_total_exits_zero() {
 
 #[test]
 fn budget_below_the_total_exits_one() {
-    let t = total(&[MLP]);
+    let t = total(&[MLP, "--device", "cpu"]);
     let budget = t - 1;
     let b = budget.to_string();
-    let out = memest(&[MLP, "--budget", &b]);
+    let out = memest(&[MLP, "--budget", &b, "--device", "cpu"]);
     assert_eq!(code(&out), 1, "{}", describe(&out));
     let err = stderr(&out);
     let lines: Vec<&str> = err.lines().collect();
@@ -128,7 +130,7 @@ fn budget_below_the_total_exits_one() {
         "the total should appear in {line:?}"
     );
     // A budget 1 byte below shows as the same rounded size, so also check a clearly smaller one.
-    let out = memest(&[MLP, "--budget", "1KiB"]);
+    let out = memest(&[MLP, "--budget", "1KiB", "--device", "cpu"]);
     assert_eq!(code(&out), 1, "{}", describe(&out));
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -141,13 +143,17 @@ fn budget_below_the_total_exits_one() {
 
 #[test]
 fn budget_in_json_output() {
-    let t = total(&[MLP]);
-    let out = memest(&[MLP, "--format", "json", "--budget", "1MiB"]);
+    let t = total(&[MLP, "--device", "cpu"]);
+    let out = memest(&[
+        MLP, "--format", "json", "--budget", "1MiB", "--device", "cpu",
+    ]);
     assert_eq!(code(&out), 1, "{}", describe(&out));
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON even when over budget");
     assert_eq!(v["budget"]["budget_bytes"], 1 << 20);
     assert_eq!(v["budget"]["fits"], false);
     assert_eq!(v["budget"]["overshoot_bytes"], t - (1 << 20));
+    assert_eq!(v["budget"]["on"], "allocated");
+    assert_eq!(v["budget"]["checked_bytes"], t);
 }
 
 #[test]

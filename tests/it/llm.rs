@@ -129,7 +129,15 @@ fn max_context_is_the_largest_that_fits() {
 /// `--max-batch` likewise, for the micro-batch.
 #[test]
 fn max_batch_is_the_largest_that_fits() {
-    let base = ["examples/mlp.toml", "--optim", "adam", "--budget", "100MB"];
+    let base = [
+        "examples/mlp.toml",
+        "--optim",
+        "adam",
+        "--budget",
+        "100MB",
+        "--budget-on",
+        "allocated",
+    ];
     let r = report(&[&base[..], &["--max-batch"]].concat());
     let n = u(&r, "max_batch");
     assert!(n > 1, "{n}");
@@ -367,7 +375,7 @@ fn inference_activation_figures_leave_the_kv_cache_out() {
 }
 
 /// Llama-3-8B was trained for 8,192 positions (`max_position_embeddings`): `--max-context` on
-/// 24 GiB stops there with a warning that 24,500 tokens would fit; `--allow-long-context`
+/// 24 GiB (of allocated bytes) stops there with a warning that 24,490 tokens would fit; `--allow-long-context`
 /// searches past it. A `--seq` past the limit warns; learned position tables refuse it.
 #[test]
 fn context_past_max_position_embeddings() {
@@ -375,6 +383,8 @@ fn context_past_max_position_embeddings() {
         "examples/hf/llama-3-8b.json",
         "--mode",
         "infer",
+        "--budget-on",
+        "allocated",
         "--budget",
         "24GiB",
         "--max-context",
@@ -386,17 +396,17 @@ fn context_past_max_position_embeddings() {
     assert_eq!(
         stderr(&out),
         "warning: --max-context stopped at the 8192 positions examples/hf/llama-3-8b.json was \
-         trained for (max_position_embeddings); 24500 tokens would fit the budget \
+         trained for (max_position_embeddings); 24490 tokens would fit the budget \
          (--allow-long-context searches past the limit)\n"
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(u(&r, "max_context"), 8192);
     assert_eq!(
         r["warnings"],
-        serde_json::json!([{"context_capped_at_max_positions": {"max_positions": 8192, "fits": 24_500}}])
+        serde_json::json!([{"context_capped_at_max_positions": {"max_positions": 8192, "fits": 24_490}}])
     );
-    let r = report(&[&args[..6], &["--allow-long-context"]].concat());
-    assert_eq!(u(&r, "max_context"), 24_500);
+    let r = report(&[&args[..8], &["--allow-long-context"]].concat());
+    assert_eq!(u(&r, "max_context"), 24_490);
     assert!(r.get("warnings").is_none());
 
     let out = memest(&["examples/hf/llama-3-8b.json", "--seq", "10000"]);

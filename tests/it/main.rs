@@ -10,6 +10,8 @@
 //!   `tests/data/peak-allowance.json`), and a snapshot of the whole comparison table.
 //! - `kinds`, `llm`, `optim`, `hf`: exact figures derived by hand in comments, per layer kind,
 //!   LLM feature (KV cache, LoRA, quantization), optimizer and recipe, and Hugging Face family.
+//! - `gpu`: `memest gpus`, `--gpu`, `--budget-on`, `--cuda-context`, the verdict on a card, and
+//!   the published V100 figure of transformers' model-memory-anatomy guide.
 //! - `cli`, `errors`, `examples`: the command-line contract (flags over file defaults, exit
 //!   statuses, units, stdin), the shape of every bad-input failure, every example running.
 //! - `properties`: proptest invariants over the bundled examples (monotone in batch and
@@ -25,6 +27,7 @@ mod cli;
 mod dist;
 mod errors;
 mod examples;
+mod gpu;
 mod hf;
 mod kinds;
 mod llm;

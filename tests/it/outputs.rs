@@ -265,7 +265,17 @@ fn sweep_prints_one_row_per_value() {
 fn sweep_budget_and_bad_syntax() {
     // 82,202,828 B at batch 32; batch 64 adds 32 inputs (128,000 B) and outputs (12,800 B):
     // 82,343,628 B, over a budget of 82,300,000 B.
-    let out = memest(&[MLP, "--sweep", "batch=32,64", "--budget", "82300000"]);
+    let out = memest(&[
+        MLP,
+        "--sweep",
+        "batch=32,64",
+        "--budget",
+        "82300000",
+        "--device",
+        "cpu",
+        "--optim-impl",
+        "foreach",
+    ]);
     assert_eq!(code(&out), 1);
     assert_eq!(
         crate::common::stderr(&out),
@@ -323,7 +333,7 @@ fn timeline_is_well_formed_and_its_peak_is_the_reports() {
             "4",
             "--checkpoint",
             "--budget",
-            "3GiB",
+            "4GiB",
         ],
         &["examples/hf/llama_tiny.json", "--context", "64"],
     ] {
