@@ -34,7 +34,7 @@ pub use pointwise::{
     SoftmaxCfg, StochasticDepthCfg,
 };
 pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
-pub use resize::{UpsampleCfg, UpsampleTo};
+pub use resize::{PadCfg, UpsampleCfg, UpsampleTo};
 pub use view::{FlattenCfg, NarrowCfg, PermuteCfg, ReshapeCfg, SelectCfg, TransposeCfg};
 
 use crate::dtype::DType;
@@ -149,6 +149,8 @@ pub enum Op {
     AdaptiveAvgPool2d(AdaptiveAvgPool2dCfg),
     /// `upsample`.
     Upsample(UpsampleCfg),
+    /// `pad`.
+    Pad(PadCfg),
     /// `flatten`.
     Flatten(FlattenCfg),
     /// `reshape`.
@@ -432,6 +434,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::AvgPool2d => Op::AvgPool2d(AvgPool2dCfg::read(r)?),
         K::AdaptiveAvgPool2d => Op::AdaptiveAvgPool2d(AdaptiveAvgPool2dCfg::read(r)?),
         K::Upsample => Op::Upsample(UpsampleCfg::read(r)?),
+        K::Pad => Op::Pad(PadCfg::read(r)?),
         K::Flatten => Op::Flatten(FlattenCfg::read(r)?),
         K::Reshape => Op::Reshape(ReshapeCfg::read(r)?),
         K::Transpose => Op::Transpose(TransposeCfg::read(r)?),

@@ -73,3 +73,57 @@ impl UpsampleCfg {
         })
     }
 }
+
+/// `F.pad(x, pad, mode, value)` (`nn.ZeroPad2d`, `nn.ReflectionPad2d`, …): each pair of `pad`
+/// widens one dimension, the last first (`[left, right, top, bottom, front, back]`), as `F.pad`
+/// reads it. `constant` runs `constant_pad_nd`, which saves nothing; `reflect` and `replicate`
+/// run `reflection_pad{1,2,3}d` / `replication_pad{1,2,3}d`, whose backward reads `self`, so
+/// they keep their input; `circular` is ATen's composite `_pad_circular`, slices copied into a
+/// new tensor, which keeps nothing. No parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PadCfg {
+    /// `constant` (default), `reflect`, `replicate` or `circular`.
+    pub mode: FillMode,
+    /// Widths, two per padded dimension, the last dimension first.
+    pub pad: Vec<u64>,
+}
+
+impl PadCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let pad = r.req(
+            key!(s.pad),
+            " (e.g. pad = [1, 1, 2, 2]: left, right, top, bottom)",
+        );
+        let mode = r.or(key!(s.mode), FillMode::Constant);
+        let value = r.opt(key!(s.value));
+        r.finish()?;
+        if !matches!(
+            mode,
+            FillMode::Constant | FillMode::Reflect | FillMode::Replicate | FillMode::Circular
+        ) {
+            return Err(format!(
+                "`mode` \"{}\" is not a `pad` mode; expected \"constant\", \"reflect\", \"replicate\" or \"circular\"",
+                mode.as_str()
+            ));
+        }
+        // F.pad: "Padding mode \"..\" doesn't take in value argument".
+        if mode != FillMode::Constant && value.is_some() {
+            return Err("`value` applies only to `mode = \"constant\"`".into());
+        }
+        if pad.is_empty() || !pad.len().is_multiple_of(2) {
+            return Err(format!(
+                "`pad` needs two widths per padded dimension (last dimension first), got {} values",
+                pad.len()
+            ));
+        }
+        if mode != FillMode::Constant && pad.len() > 6 {
+            return Err(format!(
+                "`mode = \"{}\"` pads at most 3 dimensions (6 widths), got {}",
+                mode.as_str(),
+                pad.len()
+            ));
+        }
+        Ok(PadCfg { mode, pad })
+    }
+}

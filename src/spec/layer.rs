@@ -82,6 +82,10 @@ pub struct LayerSpec {
     pub size: Option<Pair>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub align_corners: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pad: Option<Vec<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
     // norms
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_features: Option<u64>,
@@ -390,6 +394,7 @@ layer_kinds! {
     AvgPool2d => "avgpool2d" | "avg_pool2d",
     AdaptiveAvgPool2d => "adaptive_avgpool2d" | "adaptive_avg_pool2d",
     Upsample => "upsample" | "interpolate",
+    Pad => "pad",
     Flatten => "flatten",
     Reshape => "reshape" | "view",
     Transpose => "transpose",

@@ -399,6 +399,29 @@ fn upsample_needs_a_scale_or_a_size() {
     assert_has(&fails(&[m.arg()]), &["rank 3 [batch, channels, length]"]);
 }
 
+#[test]
+fn pad_needs_widths_that_fit() {
+    let model = |keys: &str| {
+        TempModel::new(
+            "toml",
+            &format!("[input]\nshape = [2, 4, 4]\n[[layers]]\nkind = \"pad\"\n{keys}"),
+        )
+    };
+    let m = model("mode = \"reflect\"\n");
+    assert_has(&fails(&[m.arg()]), &["(pad)", "missing `pad`"]);
+    let m = model("pad = [1, 1, 1]\n");
+    assert_has(&fails(&[m.arg()]), &["two widths per padded dimension"]);
+    let m = model("pad = [1, 1]\nmode = \"reflect\"\nvalue = 1.0\n");
+    assert_has(&fails(&[m.arg()]), &["`value` applies only"]);
+    let m = model("pad = [1, 1]\nmode = \"bilinear\"\n");
+    assert_has(&fails(&[m.arg()]), &["not a `pad` mode"]);
+    // Reflect pads both spatial dimensions of [B, C, H, W], by less than their size.
+    let m = model("pad = [1, 1]\nmode = \"reflect\"\n");
+    assert_has(&fails(&[m.arg()]), &["rank 3 [batch, channels, ..]"]);
+    let m = model("pad = [4, 0, 0, 0]\nmode = \"reflect\"\n");
+    assert_has(&fails(&[m.arg()]), &["width 4 does not fit dimension 3"]);
+}
+
 // ---- bugs found while writing these tests (fixed since) ----
 
 #[test]

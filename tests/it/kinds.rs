@@ -133,6 +133,23 @@ fn upsample1d() {
 }
 
 #[test]
+fn pad() {
+    // On [B, 2, 4, 4], widths last dimension first. zero (constant [1, 1, 2, 0]) → [2, 3, 6, 6];
+    // `constant_pad_nd` saves nothing; c2 keeps it: 2·3·6·6·4 = 864. reflect (1 all round)
+    // keeps its input, c2's output [2, 2, 6, 6] (`reflection_pad2d_backward(grad, self, ..)`):
+    // 576; c3 keeps its output [2, 2, 8, 8]: 1024. replicate ([2, 1, 1, 2]) keeps c3's output
+    // [2, 2, 8, 8]: 1024; c4 keeps [2, 2, 11, 11]: 1936. circular (`_pad_circular`, slices
+    // copied into a new tensor) keeps nothing; c5 keeps [2, 2, 13, 13]: 2704.
+    // 864 + 576 + 1024 + 1024 + 1936 + 2704 = 8128. Measured with PyTorch 2.15: 8128.
+    // Parameters: 9 + 8 + 6 + 6 + 3 = 32 (measured: 32).
+    let v = check("pad", &[], 8128, 32);
+    assert_eq!(
+        v["layers"][5]["output_shape"],
+        serde_json::json!([2, 2, 11, 11])
+    );
+}
+
+#[test]
 fn batchnorm1d() {
     // bn keeps its input [4, 6] (fc's output): 4·6·4 = 96, and float32 save_mean and
     // save_invstd [6]: 2·6·4 = 48. 96 + 48 = 144.

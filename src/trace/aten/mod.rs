@@ -151,6 +151,22 @@ pub enum AtenOp {
     UpsampleLinear1d,
     /// `upsample_bilinear2d(self, output_size, align_corners, scales_h, scales_w)`.
     UpsampleBilinear2d,
+    /// `constant_pad_nd(self, pad, value)`.
+    ConstantPadNd,
+    /// `reflection_pad1d(self, padding)`.
+    ReflectionPad1d,
+    /// `reflection_pad2d(self, padding)`.
+    ReflectionPad2d,
+    /// `reflection_pad3d(self, padding)`.
+    ReflectionPad3d,
+    /// `replication_pad1d(self, padding)`.
+    ReplicationPad1d,
+    /// `replication_pad2d(self, padding)`.
+    ReplicationPad2d,
+    /// `replication_pad3d(self, padding)`.
+    ReplicationPad3d,
+    /// `_pad_circular(self, pad)`: composite (slices of the input copied into a new tensor).
+    PadCircular,
     /// `_scaled_dot_product_flash_attention(query, key, value, …)` (and its `_for_cpu` form).
     FlashAttention,
     /// Composite: MoE dispatch (`argsort` of the routed experts, the gather of the token rows
@@ -239,6 +255,14 @@ impl AtenOp {
             AtenOp::UpsampleNearest2d => "upsample_nearest2d",
             AtenOp::UpsampleLinear1d => "upsample_linear1d",
             AtenOp::UpsampleBilinear2d => "upsample_bilinear2d",
+            AtenOp::ConstantPadNd => "constant_pad_nd",
+            AtenOp::ReflectionPad1d => "reflection_pad1d",
+            AtenOp::ReflectionPad2d => "reflection_pad2d",
+            AtenOp::ReflectionPad3d => "reflection_pad3d",
+            AtenOp::ReplicationPad1d => "replication_pad1d",
+            AtenOp::ReplicationPad2d => "replication_pad2d",
+            AtenOp::ReplicationPad3d => "replication_pad3d",
+            AtenOp::PadCircular => "_pad_circular",
             AtenOp::FlashAttention => "_scaled_dot_product_flash_attention",
             AtenOp::MoeDispatch => "moe_dispatch",
             AtenOp::RotaryTables => "rotary_embedding",
@@ -550,6 +574,16 @@ impl AtenOp {
             AtenOp::UpsampleNearest2d => unary("upsample_nearest2d", SaveRule::NOTHING),
             AtenOp::UpsampleLinear1d => unary("upsample_linear1d", SaveRule::NOTHING),
             AtenOp::UpsampleBilinear2d => unary("upsample_bilinear2d", SaveRule::NOTHING),
+            AtenOp::ConstantPadNd => unary("constant_pad_nd", SaveRule::NOTHING),
+            // `reflection_pad2d_backward(grad, self, padding)` reads the input.
+            AtenOp::ReflectionPad1d => unary("reflection_pad1d", IN),
+            AtenOp::ReflectionPad2d => unary("reflection_pad2d", IN),
+            AtenOp::ReflectionPad3d => unary("reflection_pad3d", IN),
+            AtenOp::ReplicationPad1d => unary("replication_pad1d", IN),
+            AtenOp::ReplicationPad2d => unary("replication_pad2d", IN),
+            AtenOp::ReplicationPad3d => unary("replication_pad3d", IN),
+            // CompositeImplicitAutograd: its slices and copies save only sizes.
+            AtenOp::PadCircular => plain(&["self"]),
             AtenOp::FlashAttention => spec(
                 Some("_scaled_dot_product_flash_attention_for_cpu"),
                 &["query", "key", "value", "attn_mask"],

@@ -91,6 +91,7 @@ impl Tracer<'_> {
             Op::AvgPool2d(c) => self.avg_pool2d(c, x),
             Op::AdaptiveAvgPool2d(c) => self.adaptive_avg_pool2d(c, x),
             Op::Upsample(c) => self.upsample(c, x),
+            Op::Pad(c) => self.pad(c, x),
             Op::Flatten(c) => self.flatten(c, x),
             Op::Reshape(c) => self.reshape_layer(c, x),
             Op::Permute(c) => self.permute(c, x),
