@@ -15,7 +15,7 @@ use crate::vocab::{AttentionImpl, Device, Mode};
 mod layer;
 
 pub use layer::{
-    Approximate, CombineKind, FillMode, LayerKind, LayerSpec, Pair, QkNormScope, Style,
+    Approximate, CombineKind, FillMode, LayerKind, LayerSpec, Pair, QkNormScope, Sizes, Style,
 };
 
 /// Which syntax a model description is written in.
@@ -502,7 +502,7 @@ mod tests {
         let src = "[input]\nshape = [\"seq\"]\ndtype = \"int64\"\n[[layers]]\nkind = \"conv2d\"\nkernel = [3, 5]\nstride = 2\n";
         let spec = parse(src, Format::Toml, crate::graph::kind_keys).unwrap();
         assert_eq!(spec.input.shape, vec![DimSpec::Seq]);
-        assert_eq!(spec.layers[0].kernel, Some(Pair(3, 5)));
-        assert_eq!(spec.layers[0].stride, Some(Pair(2, 2)));
+        assert_eq!(spec.layers[0].kernel, Some(Pair(3, 5).into()));
+        assert_eq!(spec.layers[0].stride, Some(Pair(2, 2).into()));
     }
 }

@@ -1,22 +1,22 @@
-//! `conv1d`, `conv2d`, `conv_transpose1d`, `conv_transpose2d`.
+//! `conv1d`, `conv2d`, `conv3d`, `conv_transpose1d`, `conv_transpose2d`, `conv_transpose3d`.
 
 use super::keys::{KeyReader, key};
-use crate::spec::{LayerKind, Pair};
+use crate::spec::{LayerKind, Sizes};
 
-/// `nn.Conv1d`/`nn.Conv2d` and `nn.ConvTranspose1d`/`nn.ConvTranspose2d`:
-/// `[B, Cin, (H,) W] → [B, Cout, (H',) W']`, each spatial size from [`ConvAxis`] (the shapes
+/// `nn.Conv1d`/`2d`/`3d` and `nn.ConvTranspose1d`/`2d`/`3d`:
+/// `[B, Cin, (D, H,) W] → [B, Cout, (D', H',) W']`, each spatial size from [`ConvAxis`] (the shapes
 /// `torch/nn/modules/conv.py` documents). Params `Cout·Cin/groups·∏k (+ Cout)`: the weight is
 /// `[Cout, Cin/groups, k..]`, or `[Cin, Cout/groups, k..]` when transposed (`_ConvNd` with
 /// `transposed=True`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvCfg {
-    /// A transposed convolution (`conv_transpose1d/2d`).
+    /// A transposed convolution (`conv_transpose1d/2d/3d`).
     pub transposed: bool,
     /// Expected input channels, checked when given.
     pub in_channels: Option<u64>,
     /// Output channels.
     pub out_channels: u64,
-    /// One entry per spatial dimension, outermost first (`[h, w]` for 2-D).
+    /// One entry per spatial dimension, outermost first (`[h, w]` for 2-D, `[d, h, w]` for 3-D).
     pub axes: Vec<ConvAxis>,
     /// Groups (`Cin` for depthwise).
     pub groups: u64,
@@ -45,54 +45,79 @@ impl ConvCfg {
         let kind = r.kind();
         let transposed = matches!(
             kind,
-            LayerKind::ConvTranspose1d | LayerKind::ConvTranspose2d
+            LayerKind::ConvTranspose1d | LayerKind::ConvTranspose2d | LayerKind::ConvTranspose3d
         );
-        let spatial = if matches!(kind, LayerKind::Conv1d | LayerKind::ConvTranspose1d) {
-            1
-        } else {
-            2
+        let spatial = match kind {
+            LayerKind::Conv1d | LayerKind::ConvTranspose1d => 1,
+            LayerKind::Conv3d | LayerKind::ConvTranspose3d => 3,
+            _ => 2,
         };
         let in_channels = r.pos_opt(key!(s.in_channels));
         let out_channels = r.pos(key!(s.out_channels));
-        let kernel = r.pair(key!(s.kernel));
-        let stride = r.pair_or(key!(s.stride), Pair(1, 1));
-        let padding = r.or(key!(s.padding), Pair(0, 0));
+        let kernel = r.opt(key!(s.kernel));
+        if kernel.is_none() {
+            r.fail("missing `kernel`".into());
+        }
+        let stride = r.opt(key!(s.stride));
+        let padding = r.opt(key!(s.padding));
         let output_padding = if transposed {
-            r.or(key!(s.output_padding), Pair(0, 0))
+            r.opt(key!(s.output_padding))
         } else {
-            Pair(0, 0)
+            None
         };
-        let dilation = r.pair_or(key!(s.dilation), Pair(1, 1));
+        let dilation = r.opt(key!(s.dilation));
         let groups = r.pos_or(key!(s.groups), 1);
         let bias = r.or(key!(s.bias), true);
         r.finish()?;
-        let named = [
-            ("kernel", kernel),
-            ("stride", stride),
-            ("padding", padding),
-            ("output_padding", output_padding),
-            ("dilation", dilation),
-        ];
-        // One axis from the first (height) or the second (width, or the only) size of each key.
-        let axis = |pick: fn(Pair) -> u64| ConvAxis {
-            kernel: pick(kernel),
-            stride: pick(stride),
-            padding: pick(padding),
-            dilation: pick(dilation),
-            output_padding: pick(output_padding),
-        };
-        let axes = if spatial == 1 {
-            // One size: `kernel = 3` (or a pair of equal sizes).
-            if let Some((name, p)) = named.iter().find(|(_, p)| p.0 != p.1) {
+        // Each key as one size per spatial dimension: one number is every dimension's.
+        let per_axis = |name: &str,
+                        v: Option<Sizes>,
+                        default: u64,
+                        positive: bool|
+         -> Result<Vec<u64>, String> {
+            let v = v.map_or_else(|| vec![default], |s| s.0);
+            let out = match v.as_slice() {
+                [one] => vec![*one; spatial],
+                // `conv1d` accepts a pair of equal sizes.
+                [a, b] if spatial == 1 && a == b => vec![*a],
+                many if many.len() == spatial => many.to_vec(),
+                many => {
+                    let takes = match spatial {
+                        1 => "one",
+                        2 => "one or [h, w]",
+                        _ => "one or [d, h, w]",
+                    };
+                    let list: Vec<String> = many.iter().map(u64::to_string).collect();
+                    return Err(format!(
+                        "`{name}` [{}] gives {} sizes; `{kind}` takes {takes}",
+                        list.join(", "),
+                        if many.len() == 2 { "two" } else { "three" }
+                    ));
+                }
+            };
+            if positive && out.contains(&0) {
+                let list: Vec<String> = v.iter().map(u64::to_string).collect();
                 return Err(format!(
-                    "`{name}` [{}, {}] gives two sizes; `{kind}` takes one",
-                    p.0, p.1
+                    "`{name}` must be positive, got [{}]",
+                    list.join(", ")
                 ));
             }
-            vec![axis(|p| p.1)]
-        } else {
-            vec![axis(|p| p.0), axis(|p| p.1)]
+            Ok(out)
         };
+        let kernel = per_axis("kernel", kernel, 1, true)?;
+        let stride = per_axis("stride", stride, 1, true)?;
+        let padding = per_axis("padding", padding, 0, false)?;
+        let output_padding = per_axis("output_padding", output_padding, 0, false)?;
+        let dilation = per_axis("dilation", dilation, 1, true)?;
+        let axes: Vec<ConvAxis> = (0..spatial)
+            .map(|i| ConvAxis {
+                kernel: kernel[i],
+                stride: stride[i],
+                padding: padding[i],
+                dilation: dilation[i],
+                output_padding: output_padding[i],
+            })
+            .collect();
         if !out_channels.is_multiple_of(groups) {
             return Err(format!(
                 "`out_channels` ({out_channels}) must be divisible by `groups` ({groups})"
@@ -103,9 +128,10 @@ impl ConvCfg {
             .iter()
             .any(|a| a.output_padding >= a.stride.max(a.dilation))
         {
+            let list: Vec<String> = output_padding.iter().map(u64::to_string).collect();
             return Err(format!(
-                "`output_padding` [{}, {}] must be smaller than `stride` or `dilation`",
-                output_padding.0, output_padding.1
+                "`output_padding` [{}] must be smaller than `stride` or `dilation`",
+                list.join(", ")
             ));
         }
         Ok(ConvCfg {
@@ -122,7 +148,7 @@ impl ConvCfg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::LayerSpec;
+    use crate::spec::{LayerSpec, Pair};
 
     fn read(s: &LayerSpec) -> Result<ConvCfg, String> {
         ConvCfg::read(&mut KeyReader::new(s, "c"))
@@ -132,7 +158,7 @@ mod tests {
         LayerSpec {
             kind,
             out_channels: Some(6),
-            kernel: Some(Pair(3, 3)),
+            kernel: Some(Pair(3, 3).into()),
             ..LayerSpec::default()
         }
     }
@@ -141,13 +167,13 @@ mod tests {
     fn one_axis_per_spatial_dimension() {
         assert_eq!(read(&spec(LayerKind::Conv1d)).unwrap().axes.len(), 1);
         let c = read(&LayerSpec {
-            kernel: Some(Pair(3, 5)),
+            kernel: Some(Pair(3, 5).into()),
             ..spec(LayerKind::Conv2d)
         })
         .unwrap();
         assert_eq!((c.axes[0].kernel, c.axes[1].kernel), (3, 5));
         let e = read(&LayerSpec {
-            kernel: Some(Pair(3, 5)),
+            kernel: Some(Pair(3, 5).into()),
             ..spec(LayerKind::Conv1d)
         })
         .unwrap_err();
@@ -157,7 +183,7 @@ mod tests {
     #[test]
     fn output_padding_is_transposed_only_and_below_the_stride() {
         let e = read(&LayerSpec {
-            output_padding: Some(Pair(1, 1)),
+            output_padding: Some(Pair(1, 1).into()),
             ..spec(LayerKind::Conv2d)
         })
         .unwrap_err();
@@ -166,15 +192,15 @@ mod tests {
             "{e}"
         );
         let ok = LayerSpec {
-            stride: Some(Pair(2, 2)),
-            output_padding: Some(Pair(1, 1)),
+            stride: Some(Pair(2, 2).into()),
+            output_padding: Some(Pair(1, 1).into()),
             ..spec(LayerKind::ConvTranspose2d)
         };
         let c = read(&ok).unwrap();
         assert!(c.transposed);
         assert_eq!(c.axes[0].output_padding, 1);
         let too_big = LayerSpec {
-            output_padding: Some(Pair(2, 2)),
+            output_padding: Some(Pair(2, 2).into()),
             ..ok
         };
         assert!(read(&too_big).is_err());

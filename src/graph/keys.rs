@@ -7,7 +7,7 @@
 //! sees every key the kind reads and an inapplicable key is reported before a missing one. Use
 //! the values only after `finish` returned `Ok`.
 
-use crate::spec::{LayerKind, LayerSpec, Pair};
+use crate::spec::{LayerKind, LayerSpec, Pair, Sizes};
 
 /// One key of a [`LayerSpec`]: its name and its value. Built by [`key!`] from the field itself,
 /// so the name cannot drift from the field.
@@ -173,6 +173,44 @@ impl<'a> KeyReader<'a> {
         self.take(key).map(|p| self.check_pair(name, p))
     }
 
+    /// A window key of a 1-D or 2-D kind as a [`Pair`] (one number is both sizes), for the
+    /// pair readers; three sizes are an error.
+    pub(crate) fn two(&mut self, key: Key<Sizes>) -> Key<Pair> {
+        let name = key.name;
+        let value = match key.value.as_ref().map(|s| s.0.as_slice()) {
+            None => None,
+            Some([one]) => Some(Pair(*one, *one)),
+            Some([h, w]) => Some(Pair(*h, *w)),
+            Some(many) => {
+                self.fail(format!(
+                    "`{name}` {many:?} gives {} sizes; `{}` takes one or [h, w]",
+                    many.len(),
+                    self.spec.kind
+                ));
+                Some(Pair(1, 1))
+            }
+        };
+        Key { name, value }
+    }
+
+    /// A required window key of a 1-D or 2-D kind, positive ([`KeyReader::pair`]).
+    pub(crate) fn win(&mut self, key: Key<Sizes>) -> Pair {
+        let k = self.two(key);
+        self.pair(k)
+    }
+
+    /// An optional positive window key of a 1-D or 2-D kind ([`KeyReader::pair_or`]).
+    pub(crate) fn win_or(&mut self, key: Key<Sizes>, default: Pair) -> Pair {
+        let k = self.two(key);
+        self.pair_or(k, default)
+    }
+
+    /// An optional window key of a 1-D or 2-D kind that may be 0 (padding).
+    pub(crate) fn win0(&mut self, key: Key<Sizes>, default: Pair) -> Pair {
+        let k = self.two(key);
+        self.or(k, default)
+    }
+
     /// A probability in `[0, 1)`, with a default.
     pub(crate) fn prob(&mut self, key: Key<f64>, default: f64) -> f64 {
         let name = key.name;
@@ -250,7 +288,7 @@ mod tests {
     #[test]
     fn inapplicable_key_comes_before_a_missing_one() {
         let s = LayerSpec {
-            kernel: Some(Pair(3, 3)),
+            kernel: Some(Pair(3, 3).into()),
             ..spec(LayerKind::Linear)
         };
         let mut r = KeyReader::new(&s, "fc");

@@ -108,7 +108,8 @@ pub enum Node {
 pub enum Op {
     /// `linear`.
     Linear(LinearCfg),
-    /// `conv1d`, `conv2d`, `conv_transpose1d`, `conv_transpose2d`.
+    /// `conv1d`, `conv2d`, `conv3d`, `conv_transpose1d`, `conv_transpose2d`,
+    /// `conv_transpose3d`.
     Conv(ConvCfg),
     /// `batchnorm1d`, `batchnorm2d`.
     BatchNorm(BatchNormCfg),
@@ -400,9 +401,12 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
     Ok(match r.kind() {
         K::Repeat => return Err("`repeat` is a block, not an operation".into()),
         K::Linear => Op::Linear(LinearCfg::read(r)?),
-        K::Conv1d | K::Conv2d | K::ConvTranspose1d | K::ConvTranspose2d => {
-            Op::Conv(ConvCfg::read(r)?)
-        }
+        K::Conv1d
+        | K::Conv2d
+        | K::Conv3d
+        | K::ConvTranspose1d
+        | K::ConvTranspose2d
+        | K::ConvTranspose3d => Op::Conv(ConvCfg::read(r)?),
         K::BatchNorm1d | K::BatchNorm2d => Op::BatchNorm(BatchNormCfg::read(r)?),
         K::LayerNorm => Op::LayerNorm(LayerNormCfg::read(r)?),
         K::RmsNorm => Op::RmsNorm(RmsNormCfg::read(r)?),

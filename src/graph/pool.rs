@@ -21,12 +21,12 @@ pub struct MaxPool2dCfg {
 impl MaxPool2dCfg {
     pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
         let s = r.spec();
-        let kernel = r.pair(key!(s.kernel));
+        let kernel = r.win(key!(s.kernel));
         let cfg = MaxPool2dCfg {
             kernel,
-            stride: r.pair_or(key!(s.stride), kernel),
-            padding: r.or(key!(s.padding), Pair(0, 0)),
-            dilation: r.pair_or(key!(s.dilation), Pair(1, 1)),
+            stride: r.win_or(key!(s.stride), kernel),
+            padding: r.win0(key!(s.padding), Pair(0, 0)),
+            dilation: r.win_or(key!(s.dilation), Pair(1, 1)),
             ceil_mode: r.or(key!(s.ceil_mode), false),
         };
         r.finish()?;
@@ -51,11 +51,11 @@ pub struct AvgPool2dCfg {
 impl AvgPool2dCfg {
     pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
         let s = r.spec();
-        let kernel = r.pair(key!(s.kernel));
+        let kernel = r.win(key!(s.kernel));
         let cfg = AvgPool2dCfg {
             kernel,
-            stride: r.pair_or(key!(s.stride), kernel),
-            padding: r.or(key!(s.padding), Pair(0, 0)),
+            stride: r.win_or(key!(s.stride), kernel),
+            padding: r.win0(key!(s.padding), Pair(0, 0)),
             ceil_mode: r.or(key!(s.ceil_mode), false),
         };
         r.finish()?;

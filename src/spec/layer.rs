@@ -58,15 +58,15 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub out_channels: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<Pair>,
+    pub kernel: Option<Sizes>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stride: Option<Pair>,
+    pub stride: Option<Sizes>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub padding: Option<Pair>,
+    pub padding: Option<Sizes>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub output_padding: Option<Pair>,
+    pub output_padding: Option<Sizes>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub dilation: Option<Pair>,
+    pub dilation: Option<Sizes>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub groups: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -228,6 +228,52 @@ impl<'de> Deserialize<'de> for Pair {
     }
 }
 
+/// A window size of a convolution or pooling key (`kernel`, `stride`, `padding`,
+/// `output_padding`, `dilation`): one number for every spatial dimension, or one per dimension,
+/// outermost first (`[h, w]`, or `[d, h, w]` for the 3-D kinds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sizes(pub Vec<u64>);
+
+impl From<Pair> for Sizes {
+    fn from(p: Pair) -> Self {
+        if p.0 == p.1 {
+            Sizes(vec![p.0])
+        } else {
+            Sizes(vec![p.0, p.1])
+        }
+    }
+}
+
+impl Serialize for Sizes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => s.serialize_u64(*one),
+            many => many.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Sizes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(u64),
+            Many(Vec<u64>),
+        }
+        let bad = || {
+            serde::de::Error::custom(
+                "expected a non-negative integer, a pair [h, w] or a triple [d, h, w]",
+            )
+        };
+        match Raw::deserialize(d).map_err(|_| bad())? {
+            Raw::One(v) => Ok(Sizes(vec![v])),
+            Raw::Many(v) if (2..=3).contains(&v.len()) => Ok(Sizes(v)),
+            Raw::Many(_) => Err(bad()),
+        }
+    }
+}
+
 /// `gelu`'s `approximate`: `F.gelu(x, approximate=..)`. Both keep the input, so the estimate
 /// does not depend on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -363,8 +409,10 @@ layer_kinds! {
     Linear => "linear",
     Conv1d => "conv1d",
     Conv2d => "conv2d",
+    Conv3d => "conv3d",
     ConvTranspose1d => "conv_transpose1d" | "convtranspose1d",
     ConvTranspose2d => "conv_transpose2d" | "convtranspose2d",
+    ConvTranspose3d => "conv_transpose3d" | "convtranspose3d",
     BatchNorm1d => "batchnorm1d" | "batch_norm1d",
     BatchNorm2d => "batchnorm2d" | "batch_norm2d",
     LayerNorm => "layernorm" | "layer_norm",
@@ -584,7 +632,7 @@ mod tests {
             kind: LayerKind::Conv2d,
             name: Some("c".into()),
             out_channels: Some(3),
-            kernel: Some(Pair(3, 3)),
+            kernel: Some(Pair(3, 3).into()),
             approximate: Some(Approximate::Tanh),
             ..LayerSpec::default()
         };

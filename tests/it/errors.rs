@@ -422,6 +422,36 @@ fn pad_needs_widths_that_fit() {
     assert_has(&fails(&[m.arg()]), &["width 4 does not fit dimension 3"]);
 }
 
+#[test]
+fn conv3d_takes_three_sizes_and_a_rank_5_input() {
+    let model = |shape: &str, keys: &str| {
+        TempModel::new(
+            "toml",
+            &format!(
+                "[input]\nshape = {shape}\n[[layers]]\nkind = \"conv3d\"\nout_channels = 2\n{keys}"
+            ),
+        )
+    };
+    let m = model("[2, 4, 4, 4]", "kernel = [3, 3]\n");
+    assert_has(
+        &fails(&[m.arg()]),
+        &[
+            "(conv3d)",
+            "`kernel` [3, 3] gives two sizes; `conv3d` takes one or [d, h, w]",
+        ],
+    );
+    let m = model("[2, 4, 4]", "kernel = 3\n");
+    assert_has(
+        &fails(&[m.arg()]),
+        &["rank 5 [batch, channels, depth, height, width]"],
+    );
+    let m = model("[2, 4, 4, 4]", "kernel = [3, 3, 3]\nstride = [1, 0, 1]\n");
+    assert_has(
+        &fails(&[m.arg()]),
+        &["`stride` must be positive, got [1, 0, 1]"],
+    );
+}
+
 // ---- bugs found while writing these tests (fixed since) ----
 
 #[test]
@@ -632,12 +662,12 @@ fn an_unknown_kind_comes_before_its_keys() {
     assert!(fails(&[m.arg()]).contains("unknown layer kind `linaer` (did you mean `linear`?)"));
 }
 
-/// Suggestions that help: none for a real name of another thing (`elu` is not `relu`, `conv3d`
-/// not `conv1d`); the case of a name is not a typo (`AdamW` in a file is `adamw`); `gpu` is
+/// Suggestions that help: none for a real name of another thing (`elu` is not `relu`, `maxpool3d`
+/// not `maxpool2d`); the case of a name is not a typo (`AdamW` in a file is `adamw`); `gpu` is
 /// `cuda`. Messages use no Rust type names.
 #[test]
 fn suggestions_help_or_stay_silent() {
-    for (kind, wrong) in [("elu", "relu"), ("conv3d", "conv1d")] {
+    for (kind, wrong) in [("elu", "relu"), ("maxpool3d", "maxpool2d")] {
         let m = TempModel::new(
             "toml",
             &format!("[input]\nshape = [8]\n[[layers]]\nkind = \"{kind}\"\n"),

@@ -150,6 +150,34 @@ fn pad() {
 }
 
 #[test]
+fn conv3d() {
+    // c1 (kernel 3, padding 1) keeps the batch (not counted) and keeps D, H, W: its output is
+    // [2, 4, 3, 6, 6]. c2 (kernel [1, 3, 3], stride [1, 2, 2], groups 2) keeps it:
+    // 2·4·3·6·6·4 = 3456; its output: D = 3, H = W = (6 − 3)/2 + 1 = 2.
+    // Measured with PyTorch 2.15: 3456.
+    // Parameters: 4·2·27 + 4 = 220 and 2·(4/2)·1·3·3 + 2 = 38, so 258 (measured: 258).
+    let v = check("conv3d", &[], 3456, 258);
+    assert_eq!(
+        v["layers"][1]["output_shape"],
+        serde_json::json!([2, 2, 3, 2, 2])
+    );
+}
+
+#[test]
+fn conv_transpose3d() {
+    // c1 (kernel 3, stride 2, padding 1, output_padding 1): each size (n − 1)·2 − 2 + 2 + 1 + 1
+    // = 2n, so [2, 2, 2, 3, 3] → [2, 4, 4, 6, 6]; c2 keeps it: 2·4·4·6·6·4 = 4608.
+    // Measured with PyTorch 2.15: 4608.
+    // Parameters: the weight is [Cin, Cout, k, k, k]: 2·4·27 + 4 = 220, and 4·2 + 2 = 10, so
+    // 230 (measured: 230).
+    let v = check("conv_transpose3d", &[], 4608, 230);
+    assert_eq!(
+        v["layers"][0]["output_shape"],
+        serde_json::json!([2, 4, 4, 6, 6])
+    );
+}
+
+#[test]
 fn batchnorm1d() {
     // bn keeps its input [4, 6] (fc's output): 4·6·4 = 96, and float32 save_mean and
     // save_invstd [6]: 2·6·4 = 48. 96 + 48 = 144.

@@ -16,10 +16,10 @@ pub(super) fn out_shape(c: &ConvCfg, x: &Shape) -> Result<Shape, ShapeError> {
             format!(
                 "rank {} [batch, channels, {}]",
                 spatial + 2,
-                if spatial == 1 {
-                    "length"
-                } else {
-                    "height, width"
+                match spatial {
+                    1 => "length",
+                    2 => "height, width",
+                    _ => "depth, height, width",
                 }
             ),
         );
