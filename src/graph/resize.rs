@@ -7,7 +7,8 @@ use crate::spec::{FillMode, Pair};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UpsampleTo {
     /// Each spatial size times this factor, rounded down (`F.interpolate(scale_factor=..)`:
-    /// `upsample_compute_output_size` in ATen's `UpSample.h` truncates `size·scale`).
+    /// `at::native::upsample::compute_output_size` in `aten/src/ATen/native/UpSample.cpp`
+    /// converts the double `size·scale` to an integer).
     Scale(f64),
     /// This output size: `[h, w]`, or one length for a `[B, C, L]` input (`F.interpolate(size=..)`).
     Size(Pair),

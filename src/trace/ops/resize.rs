@@ -6,7 +6,8 @@ use crate::graph::{PadCfg, UpsampleCfg, UpsampleTo};
 use crate::spec::FillMode;
 
 /// `[B, C, L] → [B, C, L']` or `[B, C, H, W] → [B, C, H', W']`: each spatial size is `size`, or
-/// `⌊len·scale_factor⌋` (ATen's `upsample_compute_output_size` casts `len·scale` to an integer).
+/// `⌊len·scale_factor⌋` (`at::native::upsample::compute_output_size` converts the double
+/// `len·scale` to an integer).
 /// `linear` takes a `[B, C, L]` input, `bilinear` a `[B, C, H, W]` one.
 pub(super) fn upsample_shape(c: &UpsampleCfg, x: &Shape) -> Result<Shape, ShapeError> {
     let d = x.dims();
