@@ -5,6 +5,7 @@ use std::fmt::{self, Write as _};
 use comfy_table::{CellAlignment, Table, presets};
 
 use crate::report::Report;
+use crate::settings::BudgetOn;
 use crate::sim::Category;
 use crate::spec::LayerKind;
 use crate::sweep::Sweep;
@@ -325,8 +326,31 @@ fn write_categories(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Res
     writeln!(out, "{table}")
 }
 
+/// The figure a budget checks, where it is not the tensor peak: on a GPU (`device_bytes`
+/// present) the one `--budget-on` names; `None` without a budget or on the CPU, where the
+/// budget checks `total_bytes` itself. Sweep outputs show it beside the total so that a row's
+/// verdict can be read from the row, as the single report's budget line does.
+pub(crate) fn checked_figure(reports: &[Report]) -> Option<BudgetOn> {
+    reports
+        .iter()
+        .find(|r| r.device_bytes.is_some())
+        .and_then(|_| reports.iter().find_map(|r| r.budget.as_ref()))
+        .map(|b| b.on)
+}
+
+/// The table heading of the figure a budget checks: `Device figure`, as the budget line
+/// words it (`budget: 4.00 GiB, device figure 4.21 GiB: OVER by …`).
+pub(crate) fn checked_heading(on: BudgetOn) -> String {
+    let name = on.to_string();
+    let mut chars = name.chars();
+    chars.next().map_or_else(String::new, |c| {
+        format!("{}{} figure", c.to_ascii_uppercase(), chars.as_str())
+    })
+}
+
 /// A sweep's header and rows: the swept value, each category at the peak (those non-zero in
-/// some row, and the four always shown), the total, and with a budget whether it fits.
+/// some row, and the four always shown), the total, on a GPU with a budget the figure the
+/// budget checks ([`checked_figure`]), and with a budget whether it fits.
 pub(crate) fn sweep_rows(
     reports: &[Report],
     sweep: &Sweep,
@@ -348,6 +372,10 @@ pub(crate) fn sweep_rows(
     let mut header = vec![sweep.name().to_string()];
     header.extend(shown.iter().map(|c| c.title().to_string()));
     header.push("Total (peak)".into());
+    let checked = checked_figure(reports);
+    if let Some(on) = checked {
+        header.push(checked_heading(on));
+    }
     if budget {
         header.push("Fits".into());
     }
@@ -358,6 +386,14 @@ pub(crate) fn sweep_rows(
             let mut row = vec![v.to_string()];
             row.extend(shown.iter().map(|&c| format_bytes(r.at_peak.get(c), units)));
             row.push(format_bytes(r.peak_bytes, units));
+            if checked.is_some() {
+                row.push(
+                    r.budget
+                        .as_ref()
+                        .map(|b| format_bytes(b.checked_bytes, units))
+                        .unwrap_or_default(),
+                );
+            }
             if budget {
                 row.push(match &r.budget {
                     Some(b) if b.fits => "yes".into(),

@@ -2,9 +2,31 @@
 //! value). Byte counts are integers in `*_bytes` columns; an absent value is an empty field.
 
 use crate::report::Report;
+use crate::settings::BudgetOn;
 use crate::sim::Category;
 
-/// The column names, in order.
+/// The column names, in order: [`header`], then with a budget on a GPU the figure the budget
+/// checks, named as in the JSON (`device_bytes`, `reserved_peak_bytes` or
+/// `allocated_peak_bytes`, after `--budget-on`), so that `fits` can be read from the row.
+#[must_use]
+pub fn header_for(reports: &[Report]) -> Vec<String> {
+    let mut cols = header();
+    if let Some(on) = crate::render::checked_figure(reports) {
+        cols.push(checked_column(on).into());
+    }
+    cols
+}
+
+/// The JSON field a budget figure is, as a CSV column.
+const fn checked_column(on: BudgetOn) -> &'static str {
+    match on {
+        BudgetOn::Device => "device_bytes",
+        BudgetOn::Reserved => "reserved_peak_bytes",
+        BudgetOn::Allocated => "allocated_peak_bytes",
+    }
+}
+
+/// The column names every output has, in order.
 #[must_use]
 pub fn header() -> Vec<String> {
     let mut cols: Vec<String> = [
@@ -101,9 +123,19 @@ pub fn rows(reports: &[Report]) -> String {
         .terminator(::csv::Terminator::Any(b'\n'))
         .from_writer(Vec::new());
     // Writing to a `Vec` cannot fail, and every record has the header's length.
-    let _ = w.write_record(header());
+    let checked = crate::render::checked_figure(reports).is_some();
+    let _ = w.write_record(header_for(reports));
     for r in reports {
-        let _ = w.write_record(row(r));
+        let mut fields = row(r);
+        if checked {
+            fields.push(
+                r.budget
+                    .as_ref()
+                    .map(|b| b.checked_bytes.to_string())
+                    .unwrap_or_default(),
+            );
+        }
+        let _ = w.write_record(fields);
     }
     let bytes = w.into_inner().unwrap_or_default();
     String::from_utf8_lossy(&bytes).into_owned()

@@ -305,6 +305,93 @@ fn sweep_budget_and_bad_syntax() {
     assert_eq!(code(&out), 2);
 }
 
+/// With `--budget` on a GPU, every sweep format shows the figure the budget checks (`--budget-on`,
+/// `device` by default: reserve + CUDA context + cuBLAS workspaces) beside the tensor peak, so a
+/// row's verdict can be read from it: gpt2 at batch 8 peaks at 5.08 GiB of tensors and shows
+/// 5.86 GiB (6,289,358,848 B) on the device, over 4 GiB: NO; batch 4, 3.24 GiB of tensors,
+/// shows 3.96 GiB (4,257,218,560 B): yes.
+#[test]
+fn sweep_shows_the_figure_the_budget_checks() {
+    let args = [
+        "examples/gpt2.toml",
+        "--sweep",
+        "batch=1,2,4,8",
+        "--budget",
+        "4GiB",
+    ];
+    let budget = 4u64 << 30;
+    let cells = |line: &str, sep: char| -> Vec<String> {
+        line.split(sep)
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect()
+    };
+
+    // The table: `Device figure` before `Fits`.
+    let out = memest(&args);
+    assert_eq!(code(&out), 1);
+    let table = stdout(&out);
+    let header = cells(table.lines().find(|l| l.contains("Fits")).unwrap(), '┆');
+    let col = |name: &str| header.iter().position(|h| h.contains(name)).unwrap();
+    let (device, fits) = (col("Device figure"), col("Fits"));
+    assert_eq!(device + 1, fits, "{table}");
+    let row = |b: &str| {
+        let line = table
+            .lines()
+            .find(|l| l.trim_start_matches('│').trim().starts_with(&format!("{b} ")))
+            .unwrap();
+        cells(line.trim_matches('│'), '┆')
+    };
+    assert_eq!(row("8")[fits], "NO");
+    assert_eq!(row("8")[device], "5.86 GiB");
+    assert_eq!(row("4")[fits], "yes");
+    assert_eq!(row("4")[device], "3.96 GiB");
+
+    // CSV: the JSON's name, `device_bytes`, after `fits`; over the budget exactly where not fitting.
+    let mut csv_args = args.to_vec();
+    csv_args.extend(["--format", "csv"]);
+    let csv = stdout(&memest(&csv_args));
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header.last(), Some(&"device_bytes"));
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 4);
+    for r in &rows {
+        let checked: u64 = r[at("device_bytes")].parse().unwrap();
+        assert_eq!(r[at("fits")] == "false", checked > budget, "{r:?}");
+    }
+    assert_eq!(rows[3][at("batch")], "8");
+    assert_eq!(rows[3][at("device_bytes")], "6289358848");
+    assert_eq!(rows[3][at("fits")], "false");
+    assert_eq!(rows[2][at("device_bytes")], "4257218560");
+    assert_eq!(rows[2][at("fits")], "true");
+
+    // Markdown and JSON: the same figure.
+    let mut md_args = args.to_vec();
+    md_args.extend(["--format", "markdown"]);
+    let md = stdout(&memest(&md_args));
+    assert!(md.contains("| Total (peak) | Device figure | Fits |"), "{md}");
+    assert!(md.contains("| 5.08 GiB | 5.86 GiB | NO |"), "{md}");
+    let json = report(&args);
+    let b8 = &json["sweep"][3];
+    assert_eq!(u(b8, "device_bytes"), 6_289_358_848);
+    assert_eq!(u(&b8["budget"], "checked_bytes"), 6_289_358_848);
+    assert_eq!(b8["budget"]["on"], "device");
+}
+
+/// On the CPU the budget checks the total itself: no extra column.
+#[test]
+fn cpu_sweep_has_no_checked_column() {
+    let args = [MLP, "--sweep", "batch=1,2", "--budget", "1GiB", "--device", "cpu"];
+    let table = stdout(&memest(&args));
+    assert!(!table.contains("figure"), "{table}");
+    let mut csv_args = args.to_vec();
+    csv_args.extend(["--format", "csv"]);
+    let csv = stdout(&memest(&csv_args));
+    assert!(csv.lines().next().unwrap().ends_with(",fits"), "{csv}");
+}
+
 /// Writes `--timeline` for `args` to a temporary file and returns the JSON report and the SVG.
 fn timeline(args: &[&str]) -> (serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();
