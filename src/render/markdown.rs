@@ -37,15 +37,22 @@ fn table(out: &mut String, header: &[String], right_from: usize, rows: &[Vec<Str
     }
 }
 
-/// The budget verdict, when there is a budget.
+/// The budget verdict, when there is a budget: what is left of it after the figure it checks
+/// (`--budget-on`), as the terminal's budget line says.
 fn verdict(r: &Report, units: UnitSystem) -> Option<String> {
     let fmt = |b: u64| format_bytes(b, units);
     r.budget.as_ref().map(|b| {
-        if b.fits {
+        // On a GPU the budget checks another figure than the peak: name it.
+        let figure = if r.device_bytes.is_some() {
+            format!("{} figure {}: ", b.on, fmt(b.checked_bytes))
+        } else {
+            String::new()
+        };
+        let verdict = if b.fits {
             format!(
                 "**fits** the {} budget, {} to spare",
                 fmt(b.budget_bytes),
-                fmt(b.budget_bytes.saturating_sub(r.total_bytes))
+                fmt(b.budget_bytes.saturating_sub(b.checked_bytes))
             )
         } else {
             format!(
@@ -53,7 +60,8 @@ fn verdict(r: &Report, units: UnitSystem) -> Option<String> {
                 fmt(b.budget_bytes),
                 fmt(b.overshoot_bytes)
             )
-        }
+        };
+        format!("{figure}{verdict}")
     })
 }
 

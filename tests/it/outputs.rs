@@ -203,7 +203,9 @@ fn markdown_has_the_tables_rows() {
         text.contains("| Total (peak) | 78.39 MiB | 100.0% |  |\n"),
         "{text}"
     );
-    assert!(text.contains("peak: 78.39 MiB during the optimizer step; **fits** the 1.00 GiB budget, 945.6 MiB to spare"), "{text}");
+    // The budget checks the device figure (reserve + context + workspaces): what is left is
+    // the budget less that figure, not less the tensor peak.
+    assert!(text.contains("peak: 78.39 MiB during the optimizer step; device figure 596.0 MiB: **fits** the 1.00 GiB budget, 428.0 MiB to spare"), "{text}");
     // The same rows as the terminal table.
     let table = stdout(&memest(&[MLP]));
     for row in [
@@ -338,7 +340,11 @@ fn sweep_shows_the_figure_the_budget_checks() {
     let row = |b: &str| {
         let line = table
             .lines()
-            .find(|l| l.trim_start_matches('│').trim().starts_with(&format!("{b} ")))
+            .find(|l| {
+                l.trim_start_matches('│')
+                    .trim()
+                    .starts_with(&format!("{b} "))
+            })
             .unwrap();
         cells(line.trim_matches('│'), '┆')
     };
@@ -371,9 +377,16 @@ fn sweep_shows_the_figure_the_budget_checks() {
     let mut md_args = args.to_vec();
     md_args.extend(["--format", "markdown"]);
     let md = stdout(&memest(&md_args));
-    assert!(md.contains("| Total (peak) | Device figure | Fits |"), "{md}");
+    assert!(
+        md.contains("| Total (peak) | Device figure | Fits |"),
+        "{md}"
+    );
     assert!(md.contains("| 5.08 GiB | 5.86 GiB | NO |"), "{md}");
-    let json = report(&args);
+    let mut json_args = args.to_vec();
+    json_args.extend(["--format", "json"]);
+    let out = memest(&json_args);
+    assert_eq!(code(&out), 1);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let b8 = &json["sweep"][3];
     assert_eq!(u(b8, "device_bytes"), 6_289_358_848);
     assert_eq!(u(&b8["budget"], "checked_bytes"), 6_289_358_848);
@@ -383,7 +396,15 @@ fn sweep_shows_the_figure_the_budget_checks() {
 /// On the CPU the budget checks the total itself: no extra column.
 #[test]
 fn cpu_sweep_has_no_checked_column() {
-    let args = [MLP, "--sweep", "batch=1,2", "--budget", "1GiB", "--device", "cpu"];
+    let args = [
+        MLP,
+        "--sweep",
+        "batch=1,2",
+        "--budget",
+        "1GiB",
+        "--device",
+        "cpu",
+    ];
     let table = stdout(&memest(&args));
     assert!(!table.contains("figure"), "{table}");
     let mut csv_args = args.to_vec();
