@@ -274,6 +274,12 @@ pub struct Settings {
     pub mode: Mode,
     /// Attention implementation (default: SDPA, `flash`, for every model).
     pub attention: AttentionImpl,
+    /// Whether `--attention flash` was given on the command line. It forces the fused kernel, as
+    /// `torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)` does; otherwise (the default,
+    /// or a file's `defaults.attention`) SDPA's own choice applies, which on the CPU with
+    /// attention dropout in training is the math path.
+    #[serde(skip)]
+    pub attention_forced: bool,
     /// Autocast precision, if any.
     pub amp: Option<Amp>,
     /// Activation checkpointing of every repeated block.
@@ -534,6 +540,7 @@ impl Settings {
             optimizer_impl,
             mode,
             attention,
+            attention_forced: o.attention == Some(AttentionImpl::Flash),
             amp: recipe.autocast,
             checkpoint: o.checkpoint,
             device,

@@ -268,7 +268,9 @@ impl Tracer<'_> {
         };
         // `flash` (SDPA) models the kernel SDPA picks: a fused one, which regenerates its dropout
         // mask instead of keeping it; on the CPU with attention dropout in training, the math
-        // path (`sdp_utils_cpp.cpp`: flash's `check_for_dropout` fails, math is next).
+        // path (`sdp_utils_cpp.cpp`: flash's `check_for_dropout` fails, math is next), unless
+        // `--attention flash` forces the fused kernel: its saved tensors (Q, K, V, output,
+        // log-sum-exp) are those of the same run without attention dropout.
         let fused = torch_mha || self.s.attention == AttentionImpl::Flash;
         let bias = if c.position_bias {
             Some(self.position_bias.ok_or_else(|| self.err("`position_bias = true` needs a `relative_position_bias` layer earlier in the model".into()))?)
@@ -279,6 +281,7 @@ impl Tracer<'_> {
         };
         let math = fused
             && !torch_mha
+            && !self.s.attention_forced
             && self.s.device == Device::Cpu
             && self.training()
             && c.dropout > 0.0;

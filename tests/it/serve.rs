@@ -134,6 +134,28 @@ fn cpu_sdpa_with_dropout_runs_the_math_path_in_float32() {
 /// 8000, bf16, batch 2, seq 128, AdamW): measured 13,745,192 B saved (the unchunked loss:
 /// 13,745,156) and a 56,867,490 B peak (unchunked: 65,886,876). memest's saved bytes leave out
 /// the 8-byte int64 label count the recipe divides by.
+/// `--attention flash` forces the fused kernel, as `sdpa_kernel(SDPBackend.FLASH_ATTENTION)`
+/// does: on the CPU it keeps what the fused kernel keeps, the same as the measured GPT-2 run
+/// with SDPA and `attn_pdrop = 0` (`reference.json`, `gpt2-b4-s256-fp32-adamw-flash`:
+/// 1,424,054,276 B saved), however much attention dropout the file has. Left to SDPA's own
+/// choice, attention dropout on the CPU runs the math path, which keeps more.
+#[test]
+fn attention_flash_forces_the_fused_kernel_on_the_cpu() {
+    let args = [
+        "examples/gpt2.toml",
+        "--batch",
+        "4",
+        "--seq",
+        "256",
+        "--optim",
+        "adamw",
+    ];
+    let forced = cpu_report(&[&args[..], &["--attention", "flash"]].concat());
+    assert_eq!(u(&forced, "activations_bytes"), 1_424_054_276);
+    let chosen = cpu_report(&args);
+    assert_eq!(u(&chosen, "activations_bytes"), 1_800_951_812);
+}
+
 #[test]
 fn chunked_cross_entropy_matches_torchtune() {
     let args = [
