@@ -175,21 +175,17 @@ pub(super) fn gpt_neox(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64
         let m = push_dropout(&mut body, "post_mlp_dropout", hidden_p, m);
         push(&mut body, add("residual2", &m, &residual));
     }
-    push(
-        &mut out,
-        repeat(&p("layers"), "num_hidden_layers", n_layers, body),
-    );
-    push(&mut out, layernorm(&p("final_layer_norm")));
-    let tie = cfg.tie(false);
-    lm_head(
-        &mut out,
-        cfg,
-        head,
-        "embed_out",
+    let tail = Tail {
+        blocks: &p("layers"),
+        n_layers,
+        final_norm: &p("final_layer_norm"),
+        head_name: "embed_out",
         vocab,
-        false,
-        tie.then_some(&embed),
-    )?;
+        bias: false,
+        tied_by_default: false,
+        embed: &embed,
+    };
+    tail.finish(&mut out, body, cfg, head)?;
     Ok((out, positions))
 }
 
@@ -255,21 +251,17 @@ pub(super) fn phi(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Er
     let m = push_dropout(&mut body, "mlp.resid_dropout", resid_p, m);
     let sum = push(&mut body, add("attn_plus_ff", &attn, &m));
     push(&mut body, add("residual", &sum, "input"));
-    push(
-        &mut out,
-        repeat(&p("layers"), "num_hidden_layers", n_layers, body),
-    );
-    push(&mut out, layernorm(&p("final_layernorm")));
-    let tie = cfg.tie(false);
-    lm_head(
-        &mut out,
-        cfg,
-        head,
-        "lm_head",
+    let tail = Tail {
+        blocks: &p("layers"),
+        n_layers,
+        final_norm: &p("final_layernorm"),
+        head_name: "lm_head",
         vocab,
-        true,
-        tie.then_some(&embed),
-    )?;
+        bias: true,
+        tied_by_default: false,
+        embed: &embed,
+    };
+    tail.finish(&mut out, body, cfg, head)?;
     Ok((out, positions))
 }
 
@@ -408,21 +400,17 @@ pub(super) fn falcon(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64),
         let m = push_dropout(&mut body, "hidden_dropout", hidden_p, m);
         push(&mut body, add("residual2", &m, &residual));
     }
-    push(
-        &mut out,
-        repeat(&p("h"), "num_hidden_layers", n_layers, body),
-    );
-    push(&mut out, layernorm(&p("ln_f")));
-    let tie = cfg.tie(true);
-    lm_head(
-        &mut out,
-        cfg,
-        head,
-        "lm_head",
+    let tail = Tail {
+        blocks: &p("h"),
+        n_layers,
+        final_norm: &p("ln_f"),
+        head_name: "lm_head",
         vocab,
-        false,
-        tie.then_some(&embed),
-    )?;
+        bias: false,
+        tied_by_default: true,
+        embed: &embed,
+    };
+    tail.finish(&mut out, body, cfg, head)?;
     Ok((out, positions))
 }
 
@@ -495,21 +483,17 @@ pub(super) fn bloom(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), 
         residual.as_str()
     };
     push(&mut body, add("residual2", &m, r2));
-    push(
-        &mut out,
-        repeat(&p("h"), "num_hidden_layers", n_layers, body),
-    );
-    push(&mut out, layernorm(&p("ln_f")));
-    let tie = cfg.tie(true);
-    lm_head(
-        &mut out,
-        cfg,
-        head,
-        "lm_head",
+    let tail = Tail {
+        blocks: &p("h"),
+        n_layers,
+        final_norm: &p("ln_f"),
+        head_name: "lm_head",
         vocab,
-        false,
-        tie.then_some(&embed),
-    )?;
+        bias: false,
+        tied_by_default: true,
+        embed: &embed,
+    };
+    tail.finish(&mut out, body, cfg, head)?;
     Ok((out, 2048))
 }
 
@@ -600,21 +584,17 @@ pub(super) fn stablelm(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64
     } else {
         push(&mut body, add("residual2", &residual, &m));
     }
-    push(
-        &mut out,
-        repeat(&p("layers"), "num_hidden_layers", n_layers, body),
-    );
-    push(&mut out, layernorm(&p("norm")));
-    let tie = cfg.tie(false);
-    lm_head(
-        &mut out,
-        cfg,
-        head,
-        "lm_head",
+    let tail = Tail {
+        blocks: &p("layers"),
+        n_layers,
+        final_norm: &p("norm"),
+        head_name: "lm_head",
         vocab,
-        false,
-        tie.then_some(&embed),
-    )?;
+        bias: false,
+        tied_by_default: false,
+        embed: &embed,
+    };
+    tail.finish(&mut out, body, cfg, head)?;
     Ok((out, positions))
 }
 
@@ -682,41 +662,64 @@ pub(super) fn starcoder2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     );
     let m = push_dropout(&mut body, "mlp.residual_dropout", resid_p, m);
     push(&mut body, add("residual2", &residual, &m));
-    push(
-        &mut out,
-        repeat(&p("layers"), "num_hidden_layers", n_layers, body),
-    );
-    push(&mut out, layernorm(&p("norm")));
-    let tie = cfg.tie(true);
-    lm_head(
-        &mut out,
-        cfg,
-        head,
-        "lm_head",
+    let tail = Tail {
+        blocks: &p("layers"),
+        n_layers,
+        final_norm: &p("norm"),
+        head_name: "lm_head",
         vocab,
-        false,
-        tie.then_some(&embed),
-    )?;
+        bias: false,
+        tied_by_default: true,
+        embed: &embed,
+    };
+    tail.finish(&mut out, body, cfg, head)?;
     Ok((out, positions))
 }
 
-/// The causal head under its module name (`embed_out`, `lm_head`), with a bias (Phi) or tied.
-fn lm_head(
-    out: &mut Vec<LayerSpec>,
-    cfg: &Cfg,
-    head: Resolved,
-    name: &str,
+/// The tail every family here ends with: the repeated decoder blocks, the final LayerNorm, and
+/// the causal head under its module name (`embed_out`, `lm_head`), with a bias (Phi) or tied to
+/// the embedding when `tie_word_embeddings` (default: the family's) says so.
+struct Tail<'a> {
+    /// Module path of the blocks (`model.layers`, `transformer.h`).
+    blocks: &'a str,
+    /// `num_hidden_layers`.
+    n_layers: u64,
+    /// Module path of the final LayerNorm.
+    final_norm: &'a str,
+    /// The head's module name.
+    head_name: &'a str,
+    /// `vocab_size`: the head's output features.
     vocab: u64,
+    /// Whether the head has a bias.
     bias: bool,
-    tie: Option<&String>,
-) -> Result<(), Error> {
-    causal_head(out, cfg, head, vocab, tie.map(String::as_str))?;
-    if let Some(lm) = out
-        .iter_mut()
-        .find(|l| l.name.as_deref() == Some("lm_head"))
-    {
-        lm.name = Some(name.to_string());
-        lm.bias = (!bias).then_some(false);
+    /// The family's default for `tie_word_embeddings`.
+    tied_by_default: bool,
+    /// The token embedding the head may share its weight with.
+    embed: &'a String,
+}
+
+impl Tail<'_> {
+    fn finish(
+        self,
+        out: &mut Vec<LayerSpec>,
+        body: Vec<LayerSpec>,
+        cfg: &Cfg,
+        head: Resolved,
+    ) -> Result<(), Error> {
+        push(
+            out,
+            repeat(self.blocks, "num_hidden_layers", self.n_layers, body),
+        );
+        push(out, layernorm(self.final_norm));
+        let tie = cfg.tie(self.tied_by_default).then_some(self.embed.as_str());
+        causal_head(out, cfg, head, self.vocab, tie)?;
+        if let Some(lm) = out
+            .iter_mut()
+            .find(|l| l.name.as_deref() == Some("lm_head"))
+        {
+            lm.name = Some(self.head_name.to_string());
+            lm.bias = (!self.bias).then_some(false);
+        }
+        Ok(())
     }
-    Ok(())
 }

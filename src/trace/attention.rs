@@ -479,11 +479,7 @@ impl Tracer<'_> {
         let q = self.autocast_input(q)?;
         let k = self.autocast_input(k)?;
         let v = self.autocast_input(v)?;
-        let (k, v) = if c.kv_heads < c.heads {
-            (self.repeat_kv(k, c.heads)?, self.repeat_kv(v, c.heads)?)
-        } else {
-            (k, v)
-        };
+        let (k, v) = self.repeat_kv_heads(k, v, c)?;
         let qv = self.val(q).clone();
         let &[b, heads, s, hd] = qv.shape.dims() else {
             unreachable!("heads view is rank 4")
@@ -563,11 +559,7 @@ impl Tracer<'_> {
         let q = self.upcast_keep_layout(q)?;
         let k = self.upcast_keep_layout(k)?;
         let v = self.upcast_keep_layout(v)?;
-        let (k, v) = if c.kv_heads < c.heads {
-            (self.repeat_kv(k, c.heads)?, self.repeat_kv(v, c.heads)?)
-        } else {
-            (k, v)
-        };
+        let (k, v) = self.repeat_kv_heads(k, v, c)?;
         let qv = self.val(q).clone();
         let &[b, heads, s, hd] = qv.shape.dims() else {
             unreachable!("heads view is rank 4")
@@ -674,6 +666,21 @@ impl Tracer<'_> {
         let mask = self.fresh(shape, dtype, "float attention mask", false)?;
         self.call(Call::new(AtenOp::BoolMaskToFloat, Vec::new(), vec![mask]).allocs(vec![not]))?;
         Ok(mask)
+    }
+
+    /// K and V with as many heads as Q: transformers' `repeat_kv` on each when the layer has
+    /// fewer KV heads (grouped-query attention); unchanged otherwise.
+    fn repeat_kv_heads(
+        &mut self,
+        k: ValueId,
+        v: ValueId,
+        c: &AttentionCfg,
+    ) -> Result<(ValueId, ValueId), Error> {
+        if c.kv_heads < c.heads {
+            Ok((self.repeat_kv(k, c.heads)?, self.repeat_kv(v, c.heads)?))
+        } else {
+            Ok((k, v))
+        }
     }
 
     pub(super) fn repeat_kv(&mut self, t: ValueId, heads: u64) -> Result<ValueId, Error> {

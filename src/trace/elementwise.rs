@@ -115,6 +115,15 @@ impl Tracer<'_> {
         Ok(y)
     }
 
+    /// `_log_softmax` over the last dimension into a new tensor of the input's shape and dtype
+    /// (`[.., classes]`); it keeps its output for backward.
+    fn log_softmax(&mut self, x: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let lp = self.fresh(xv.shape, xv.dtype, "log-probabilities", xv.requires_grad)?;
+        self.call(Call::new(AtenOp::LogSoftmax, vec![x], vec![lp]))?;
+        Ok(lp)
+    }
+
     /// An activation module: its ATen operator (in place with `inplace = true`), or for
     /// `GeluNew` the tanh approximation written op by op. What each keeps is its row of the
     /// table ([`AtenOp::spec`]).
@@ -373,14 +382,7 @@ impl Tracer<'_> {
         } else {
             x
         };
-        let inv = self.val(xin).clone();
-        let lp = self.fresh(
-            inv.shape.clone(),
-            inv.dtype,
-            "log-probabilities",
-            inv.requires_grad,
-        )?;
-        self.call(Call::new(AtenOp::LogSoftmax, vec![xin], vec![lp]))?;
+        let lp = self.log_softmax(xin)?;
         let lp = if cuda_amp { self.upcast_f32(lp)? } else { lp };
         let inv = self.val(lp).clone();
         let loss = self.fresh(Shape::default(), inv.dtype, "loss", inv.requires_grad)?;
@@ -470,13 +472,7 @@ impl Tracer<'_> {
             self.enter_layer(loss_layer, &loss_layer.name, repeat);
             let up = self.upcast_f32(logits)?;
             let uv = self.val(up).clone();
-            let lp = self.fresh(
-                uv.shape.clone(),
-                uv.dtype,
-                "log-probabilities",
-                uv.requires_grad,
-            )?;
-            self.call(Call::new(AtenOp::LogSoftmax, vec![up], vec![lp]))?;
+            let lp = self.log_softmax(up)?;
             let piece_loss = self.fresh(Shape::default(), uv.dtype, "loss", uv.requires_grad)?;
             let total_weight = self.storage(
                 &Shape::default(),
