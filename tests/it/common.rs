@@ -135,3 +135,13 @@ impl TempModel {
 pub fn err_pct(est: u64, truth: u64) -> f64 {
     (est as f64 - truth as f64) / truth as f64 * 100.0
 }
+
+/// Asserts that `est` is within `pct` percent of the measured `truth`, naming `what` and both
+/// figures when it is not.
+pub fn within(est: u64, truth: u64, pct: f64, what: &str) {
+    let e = err_pct(est, truth);
+    assert!(
+        e.abs() <= pct,
+        "{what}: memest {est}, measured {truth} ({e:+.3}%, allowed ±{pct}%)"
+    );
+}

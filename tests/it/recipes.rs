@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::common::{json, memest, path};
+use crate::common::{self, json, memest, path};
 
 fn json_of(args: &[&str]) -> Value {
     json(&memest(args))
@@ -44,12 +44,7 @@ fn u(v: &Value) -> u64 {
 }
 
 fn within(id: &str, what: &str, memest: u64, measured: u64, pct: f64) {
-    #[allow(clippy::cast_precision_loss)] // a relative error
-    let err = (memest as f64 - measured as f64) / measured as f64 * 100.0;
-    assert!(
-        err.abs() <= pct,
-        "{id}: {what}: memest {memest}, measured {measured} ({err:+.3}%, allowed ±{pct}%)"
-    );
+    common::within(memest, measured, pct, &format!("{id}: {what}"));
 }
 
 /// Held between steps exactly; after the forward pass within 0.1%; the step's peak and an

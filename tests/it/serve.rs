@@ -8,7 +8,7 @@
 //! /work/gtenv/bin/python tools/measure_serve.py tools/serve_cases.json tests/data/serve-reference.json
 //! ```
 
-use crate::common::{TempModel, code, err_pct, memest, report, stdout, u};
+use crate::common::{TempModel, code, memest, report, stdout, u, within};
 
 const LLAMA_TINY: &str = "examples/hf/llama_tiny.json";
 const BERT_TINY_MLM: &str = "tests/fixtures/hf/bert_tiny_mlm.json";
@@ -20,14 +20,6 @@ fn cpu_report(args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.extend(["--device", "cpu", "--optim-impl", "foreach"]);
     report(&all)
-}
-
-fn within(est: u64, truth: u64, pct: f64, what: &str) {
-    let e = err_pct(est, truth);
-    assert!(
-        e.abs() <= pct,
-        "{what}: memest {est}, measured {truth} ({e:+.3}%, allowed ±{pct}%)"
-    );
 }
 
 /// `--mode infer --context 2048` and `--seq 8192 --context 2048` agree and are accepted; a
