@@ -257,6 +257,7 @@ pub struct Cli {
 
 /// How the report is printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[allow(missing_docs)] // the comments below are plain: clap would list doc comments in `--help`
 pub enum OutputFormat {
     // Tables for people. (No doc comments here: clap would list them in `--help`.)
     Table,

@@ -26,13 +26,20 @@
 //! assert_eq!(report.parameters_bytes, 4 * 10_010);
 //! ```
 
+// `cli.rs`, `output.rs` and `command.rs` name the library `memest::`, as the binary that held
+// them did; this lets them keep doing so from inside it.
+extern crate self as memest;
+
 pub mod alloc;
+pub mod cli;
+pub mod command;
 pub mod cost;
 pub mod dtype;
 pub mod error;
 pub mod gpu;
 pub mod graph;
 pub mod hf;
+pub mod output;
 pub mod parallel;
 pub mod print_model;
 pub mod render;

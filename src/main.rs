@@ -3,17 +3,13 @@
 //! Exit status: 0 = estimate printed (and it fits the `--budget`), 1 = over the budget,
 //! 2 = bad input or usage. A closed pipe on standard output counts as success.
 
-mod cli;
-mod output;
-
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 
-use cli::Request;
-use output::shown;
+use memest::cli;
 
 fn main() -> ExitCode {
     // `memest models`: the supported Hugging Face model types and layer kinds (a file named
@@ -33,22 +29,14 @@ fn main() -> ExitCode {
         if args.first().is_some_and(|a| a == "gpus") && !std::path::Path::new("gpus").exists() {
             gpus(cli::GpusCli::parse_from(std::env::args_os().skip(1)))
         } else {
-            cli::Cli::parse().into_request().and_then(run)
+            cli::Cli::parse().into_request().and_then(|req| {
+                let input = req.input.read()?;
+                let mut err = io::stderr().lock();
+                memest::command::execute(&req, &input, &mut io::stdout().lock(), &mut err)
+                    .map(|done| done.code)
+            })
         };
-    match result {
-        Ok(code) => code,
-        Err(err) => {
-            let broken_pipe = err.chain().any(|c| {
-                c.downcast_ref::<io::Error>()
-                    .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
-            });
-            if broken_pipe {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("error: {}", shown(&format!("{err:#}")));
-            ExitCode::from(2)
-        }
-    }
+    result.unwrap_or_else(|e| memest::command::report_error(&e, &mut io::stderr().lock()))
 }
 
 /// `memest gpus`: the catalog as a table or JSON.
@@ -68,35 +56,4 @@ fn gpus(args: cli::GpusCli) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn run(req: Request) -> Result<ExitCode> {
-    let input = req.input.read()?;
-    let origin = input.origin.as_str();
-    let located = |e| memest::locate(e, origin, &input.src, input.format);
-    let mut spec = memest::load_spec(&input.src, input.format, req.head).map_err(located)?;
-    let mut out = io::stdout().lock();
-    if req.print_model {
-        spec.name.get_or_insert(input.name);
-        let text = memest::print_model::to_toml(&spec).map_err(|e| e.at(origin))?;
-        write!(out, "{text}")?;
-        out.flush()?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Some(sweep) = &req.sweep {
-        let swept = memest::run_sweep(&spec, &input.name, &req.query, sweep).map_err(located)?;
-        return output::print_sweep(&mut out, &swept, sweep, origin, &req.output);
-    }
-    let report = memest::run(&spec, &input.name, &req.query).map_err(located)?;
-    for w in &report.warnings {
-        eprintln!("warning: {}", shown(&w.message(origin)));
-    }
-    let units = req.output.units;
-    if let Some(path) = &req.output.timeline
-        && let Some(svg) = memest::render::svg::timeline(&report, units)
-    {
-        std::fs::write(path, svg)
-            .with_context(|| format!("failed to write the timeline to {}", path.display()))?;
-    }
-    output::print_report(&mut out, &report, &req.output)
 }

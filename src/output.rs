@@ -9,10 +9,14 @@ use anyhow::{Context, Result};
 use crate::cli::{OutputFormat, OutputOpts};
 use memest::units::format_bytes;
 
-/// Prints one report in the chosen format; exit 1 when it is over the budget (one line on
-/// stderr: total, budget, overshoot).
+/// Prints one report in the chosen format to `out`; exit 1 when it is over the budget (one line
+/// on `err`, standard error: total, budget, overshoot).
+///
+/// # Errors
+/// When writing fails.
 pub fn print_report(
     out: &mut impl Write,
+    err: &mut impl Write,
     report: &memest::Report,
     opts: &OutputOpts,
 ) -> Result<ExitCode> {
@@ -48,13 +52,14 @@ pub fn print_report(
     }
     out.flush()?;
     if let Some(b) = report.budget.as_ref().filter(|b| !b.fits) {
-        eprintln!(
+        writeln!(
+            err,
             "memest: over budget: {} {} > budget {} (over by {})",
             b.on,
             format_bytes(b.checked_bytes, units),
             format_bytes(b.budget_bytes, units),
             format_bytes(b.overshoot_bytes, units)
-        );
+        )?;
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
@@ -82,10 +87,14 @@ pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
-/// Prints a sweep in the chosen format; exit 1 when some value is over the budget (one line on
-/// stderr naming them).
+/// Prints a sweep in the chosen format to `out`, its warnings to `err` (standard error); exit 1
+/// when some value is over the budget (one line on `err` naming them).
+///
+/// # Errors
+/// When writing fails.
 pub fn print_sweep(
     out: &mut impl Write,
+    err: &mut impl Write,
     swept: &memest::report::SweepReport,
     sweep: &memest::sweep::Sweep,
     origin: &str,
@@ -95,7 +104,7 @@ pub fn print_sweep(
     for w in swept.sweep.iter().flat_map(|r| &r.warnings) {
         if !warned.contains(w) {
             warned.push(*w);
-            eprintln!("warning: {}", shown(&w.message(origin)));
+            writeln!(err, "warning: {}", shown(&w.message(origin)))?;
         }
     }
     let reports = &swept.sweep;
@@ -130,12 +139,13 @@ pub fn print_sweep(
         over.is_empty(),
         reports.iter().find_map(|r| r.budget.as_ref()),
     ) {
-        eprintln!(
+        writeln!(
+            err,
             "memest: over budget {} at {} {}",
             format_bytes(b.budget_bytes, units),
             sweep.name(),
             over.join(", ")
-        );
+        )?;
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
