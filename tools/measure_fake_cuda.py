@@ -53,6 +53,8 @@ memest's copy (tools/; the original is ../shared/groundtruth/measure_fake_cuda.p
     fake tensors otherwise builds a 4-D causal mask that a real run does not (the original's
     gpt2-b4-s256-fp32-adamw-ckpt was 262,144 B high; fake-cpu now gives reference.json's
     figure to the byte). MoE records say which routing was used (`moe_routing`);
+  * cases with an `inputs` key get the named tensors tools/hf_inputs.py builds (images, audio,
+    several inputs);
   * fakecuda.SDPAEmulation chooses the attention kernel on the inputs as CUDA autocast casts
     them (bfloat16 q, k, v), not as the caller passed them (float32 after RoPE under autocast).
 """
@@ -83,7 +85,8 @@ def load_measure_module():
     spec = importlib.util.spec_from_file_location("gt_measure", os.path.join(GROUNDTRUTH, "measure.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
+    import hf_inputs  # named inputs (images, audio, several inputs): tools/hf_inputs.py
+    return hf_inputs.extend(mod)
 
 
 def convert_module(module, fn, memo):

@@ -165,6 +165,9 @@ pub enum Combine {
     /// Broadcast and multiplied (ConvNeXt's layer scale): keeps the input for the parameter's
     /// gradient.
     Mul,
+    /// Not read by the forward (DINOv2's `mask_token`): the parameter is counted and gets no
+    /// gradient; the input passes through.
+    Unused,
 }
 
 /// A free parameter tensor of the given shape joined to the activations.
@@ -196,6 +199,7 @@ impl ParameterCfg {
                 return Err("`dim` applies only with combine = \"concat\"".into());
             }
             Some(CombineKind::Mul) => Combine::Mul,
+            Some(CombineKind::Unused) => Combine::Unused,
             Some(CombineKind::Add) | None => Combine::Add,
         };
         Ok(ParameterCfg {

@@ -207,6 +207,49 @@ pub(super) struct LnDecoderConfig {
     pub sliding_window: Option<u64>,
 }
 
+/// `ViTConfig` and `Dinov2Config` (and a CLIP or SigLIP `vision_config`): the union of the keys
+/// [`super::vision`] reads.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct VisionConfig {
+    pub hidden_size: Option<u64>,
+    pub num_hidden_layers: Option<u64>,
+    pub num_attention_heads: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub hidden_act: Option<String>,
+    pub hidden_dropout_prob: Option<f64>,
+    pub attention_probs_dropout_prob: Option<f64>,
+    pub image_size: Option<OneOrTwo>,
+    pub patch_size: Option<OneOrTwo>,
+    pub num_channels: Option<u64>,
+    pub qkv_bias: Option<bool>,
+    pub pooler_output_size: Option<u64>,
+    pub pooler_act: Option<String>,
+    /// DINOv2's keys.
+    pub mlp_ratio: Option<f64>,
+    pub use_swiglu_ffn: Option<bool>,
+    pub use_mask_token: Option<bool>,
+    pub drop_path_rate: Option<f64>,
+}
+
+/// A size written as one number or as a list (`image_size: 224` or `[224, 224]`).
+#[derive(Debug, Default)]
+pub(super) struct OneOrTwo(pub Vec<u64>);
+
+impl<'de> Deserialize<'de> for OneOrTwo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            One(u64),
+            Many(Vec<u64>),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::One(n) => OneOrTwo(vec![n]),
+            Either::Many(v) => OneOrTwo(v),
+        })
+    }
+}
+
 /// A key that may be absent (`None`), `null` (`Some(None)`) or a value.
 fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,

@@ -31,6 +31,7 @@ mod gpt2;
 mod layers;
 mod ln_decoder;
 mod t5;
+mod vision;
 
 use config::{Cfg, Header};
 use decoder::{
@@ -230,6 +231,8 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("starcoder2", "starcoder2", Family::Starcoder2),
     ("roberta", "roberta", Family::Roberta),
     ("xlm-roberta", "xlmroberta", Family::Roberta),
+    ("vit", "vit", Family::Vision(vision::Kind::Vit)),
+    ("dinov2", "dinov2", Family::Vision(vision::Kind::Dinov2)),
 ];
 
 /// The `model_type`s memest can import, sorted.
@@ -417,7 +420,13 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         header,
     };
     let head = resolve_head(head, arch.as_deref(), family, &model_type)?;
+    let mut image = None;
     let (mut layers, seq) = match family {
+        Family::Vision(kind) => {
+            let (layers, img) = vision::vision(&cfg, head, kind)?;
+            image = Some(img);
+            (layers, img.size)
+        }
         Family::Gpt2 => gpt2::gpt2(&cfg, head)?,
         Family::GptBigCode => gpt2::gpt_bigcode(&cfg, head)?,
         Family::Bert => bert::bert(&cfg, head)?,
@@ -457,6 +466,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             Family::T5 => "LM head and loss",
             _ => "causal-LM head and loss",
         },
+        Resolved::Classification if image.is_some() => "image-classification head and loss",
         Resolved::Classification => "sequence-classification head and loss",
     };
     let description = format!(
@@ -465,17 +475,30 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
     );
     // Relative position buckets (T5) and ALiBi (BLOOM) have no trained limit; RoPE and learned
     // tables do.
-    let max_positions = (!matches!(family, Family::T5 | Family::Bloom)).then_some(seq);
+    let max_positions =
+        (!matches!(family, Family::T5 | Family::Bloom | Family::Vision(_))).then_some(seq);
+    // A vision model reads `pixel_values` `[batch, channels, size, size]` in the model's dtype.
+    let input = match image {
+        Some(img) => InputSpec {
+            shape: vec![
+                DimSpec::Fixed(img.channels),
+                DimSpec::Fixed(img.size),
+                DimSpec::Fixed(img.size),
+            ],
+            dtype: None,
+        },
+        None => InputSpec {
+            shape: vec![DimSpec::Seq],
+            dtype: Some(DType::Int64),
+        },
+    };
     Ok(ModelSpec {
         name: None,
         description: Some(description),
         max_positions,
-        input: InputSpec {
-            shape: vec![DimSpec::Seq],
-            dtype: Some(DType::Int64),
-        },
+        input,
         defaults: DefaultsSpec {
-            seq: Some(seq.clamp(1, DEFAULT_MAX_SEQ)),
+            seq: image.is_none().then(|| seq.clamp(1, DEFAULT_MAX_SEQ)),
             dtype,
             // transformers 5 runs attention through `scaled_dot_product_attention` by default;
             // BLOOM's attention has only its eager form (`baddbmm` with the ALiBi bias).
@@ -555,6 +578,8 @@ enum Family {
     Bloom,
     StableLm,
     Starcoder2,
+    /// ViT and DINOv2 (`vision.rs`), reading pixels.
+    Vision(vision::Kind),
 }
 
 impl Family {
@@ -589,11 +614,13 @@ fn resolve_head(
     }
     let Some(arch) = arch else {
         // No `architectures`: the family's usual head.
-        return Ok(if matches!(family, Family::Bert | Family::Roberta) {
-            Resolved::Bare
-        } else {
-            Resolved::Lm
-        });
+        return Ok(
+            if matches!(family, Family::Bert | Family::Roberta | Family::Vision(_)) {
+                Resolved::Bare
+            } else {
+                Resolved::Lm
+            },
+        );
     };
     let lm_suffixes: &[&str] = match family {
         Family::Bert | Family::Roberta => &["ForMaskedLM"],
@@ -606,10 +633,13 @@ fn resolve_head(
         | Family::Bloom
         | Family::StableLm
         | Family::Starcoder2 => &["ForCausalLM"],
+        Family::Vision(_) => &[],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)
-    } else if arch.ends_with("ForSequenceClassification") {
+    } else if arch.ends_with("ForSequenceClassification")
+        || (matches!(family, Family::Vision(_)) && arch.ends_with("ForImageClassification"))
+    {
         Ok(Resolved::Classification)
     } else if arch.ends_with("Model") && !arch.contains("For") && !arch.contains("Head") {
         Ok(Resolved::Bare)

@@ -334,6 +334,10 @@ pub enum CombineKind {
     Mul,
     /// Expanded over the batch and concatenated along `dim`.
     Concat,
+    /// Held by the module but not read by this forward (DINOv2's `mask_token`, read only for
+    /// masked image modelling): counted in the parameters, no gradient and so no optimizer
+    /// state; the input passes through unchanged.
+    Unused,
 }
 
 /// The `style` key: which implementation a layer follows. `rmsnorm` takes `llama` (default),

@@ -65,12 +65,24 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/olmo-1b-hf.json", 1_176_764_416),
     // gemma-2-2b: four RMSNorms per layer, 8 heads of 256 over 4 K/V heads, tied head.
     ("examples/hf/gemma-2-2b.json", 2_614_341_888),
+    // google/vit-base-patch16-224 (ViTForImageClassification): 16×16 patch convolution, CLS
+    // token, 197 positions, 12 layers, 1000 classes (no pooler).
+    ("examples/hf/vit-base-patch16-224.json", 86_567_656),
+    // facebook/dinov2-base (Dinov2Model): 14×14 patches of 518×518 images (1370 positions),
+    // two layer scales per layer, the unused mask token counted.
+    ("examples/hf/dinov2-base.json", 86_580_480),
+    // facebook/dinov2-giant: SwiGLU MLP of (int(1536·4·2/3) + 7) // 8 · 8 = 4096.
+    ("examples/hf/dinov2-giant.json", 1_136_480_768),
 ];
 
-/// Runs a report with a short sequence (the counts do not depend on it).
+/// Runs a report with a short sequence (the counts do not depend on it); a vision config
+/// (`image_size`) reads no sequence.
 fn params(args: &[&str]) -> u64 {
     let mut all = args.to_vec();
-    all.extend(["--seq", "64"]);
+    let text = std::fs::read_to_string(path(args[0])).unwrap_or_default();
+    if !text.contains("\"image_size\"") {
+        all.extend(["--seq", "64"]);
+    }
     u(&report(&all), "param_count")
 }
 

@@ -152,6 +152,9 @@ mod example {
         hf_granite_3_0_2b_base => "examples/hf/granite-3.0-2b-base.json",
         hf_olmo_1b_hf => "examples/hf/olmo-1b-hf.json",
         hf_gemma_2_2b => "examples/hf/gemma-2-2b.json",
+        hf_vit_base_patch16_224 => "examples/hf/vit-base-patch16-224.json",
+        hf_dinov2_base => "examples/hf/dinov2-base.json",
+        hf_dinov2_giant => "examples/hf/dinov2-giant.json",
     }
 }
 

@@ -185,7 +185,15 @@ impl Tracer<'_> {
         let xd = self.val(xin).dtype;
         let rg = ins.iter().any(|&v| self.rg(v));
         let y = self.fresh(shape.clone(), xd, "output", rg)?;
-        let sdt = stats_dtype(xd);
+        // CPU `layer_norm_cpu` allocates mean and rstd in `param_scalar_type`: the input's own
+        // dtype unless the weights' differ (`is_mixed_type`); CUDA's `layer_norm_cuda` in the
+        // accumulate type (float32 for 16-bit inputs). ATen's `native/layer_norm.cpp`.
+        let same_dtype = ins[1..].iter().all(|&v| self.val(v).dtype == xd);
+        let sdt = if op == AtenOp::NativeLayerNorm && self.s.device == Device::Cpu && same_dtype {
+            xd
+        } else {
+            stats_dtype(xd)
+        };
         let mean = self.storage(&stats, sdt, StorageKind::Activation, "mean")?;
         let rstd = self.storage(&stats, sdt, StorageKind::Activation, "rstd")?;
         debug_assert_eq!(ins[0], xin);

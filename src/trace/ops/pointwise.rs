@@ -18,6 +18,7 @@ pub(super) fn parameter_shape(c: &ParameterCfg, x: &Shape) -> Result<Shape, Shap
             }
             Ok(ps)
         }
+        Combine::Unused => Ok(x.clone()),
         Combine::Concat(_) => {
             let rank = x.rank();
             if c.shape.len() != rank {
@@ -43,6 +44,11 @@ impl Tracer<'_> {
         train: bool,
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
+        if c.combine == Combine::Unused {
+            // No operator reads it, so autograd never gives it a `.grad`.
+            self.param(Shape::new(c.shape.clone()), false)?;
+            return Ok(x);
+        }
         let p = self.param(Shape::new(c.shape.clone()), train)?;
         match c.combine {
             Combine::Add => {
@@ -53,6 +59,7 @@ impl Tracer<'_> {
                 self.shaped(parameter_shape(c, &xv.shape))?;
                 self.mul(p, x)
             }
+            Combine::Unused => Ok(x),
             Combine::Concat(dim) => {
                 let a =
                     self.shaped(axis(dim, xv.shape.rank()).and_then(|a| batch_kept(a, "concat")))?;

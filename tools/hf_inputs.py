@@ -1,0 +1,68 @@
+"""Named model inputs for ../shared/groundtruth/measure.py's cases: images, audio, several inputs.
+
+measure.py's `build()` gives a transformers model `input_ids` `[batch, seq]` only. A case with an
+`inputs` key gets exactly the tensors it names instead, passed as keyword arguments:
+
+    "inputs": {"pixel_values": {"float": [3, 32, 32]},            # randn, in the case's dtype
+               "input_ids": {"ids": [16]},                          # randint(0, vocab_size)
+               "labels": {"ids": [], "high": 10},                   # randint(0, 10), shape [batch]
+               "return_loss": true}                                 # any other JSON value as is
+
+Every shape is the shape after the batch dimension. Float tensors are made in the case's dtype
+(as a data loader hands a bfloat16 model bfloat16 pixels), so the model makes no cast copy of
+them; they are the batch, left out of the saved activations like measure.py's own inputs. The
+loss is `out.loss` when the model returns one, else `out[0].sum()`.
+
+`extend(measure_module)` wraps the module's `build()`; cases without `inputs` are built as before.
+Used by tools/measure_hf.py (CPU) and tools/measure_fake_cuda.py (emulated CUDA).
+"""
+import torch
+
+
+def _vocab(cfg):
+    for c in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "decoder", None)):
+        v = getattr(c, "vocab_size", None) if c is not None else None
+        if v:
+            return v
+    raise ValueError("an `ids` input without `high` needs a config with vocab_size")
+
+
+def extend(gt):
+    build = gt.build
+
+    def ours(case):
+        if "inputs" not in case:
+            return build(case)
+        import transformers
+
+        kind = case["model"][3:]
+        cfg = getattr(transformers, case["config_class"])(**case.get("config", {}))
+        cfg._attn_implementation = case.get("attn", "sdpa")
+        for sub in ("text_config", "vision_config", "audio_config"):
+            c = getattr(cfg, sub, None)
+            if c is not None:
+                c._attn_implementation = cfg._attn_implementation
+        model = getattr(transformers, kind)(cfg)
+        if case.get("checkpointing"):
+            model.gradient_checkpointing_enable()
+        batch = case["batch"]
+        dtype = getattr(torch, case.get("dtype", "float32"))
+        torch.manual_seed(1)
+        kwargs = {}
+        for name, spec in case["inputs"].items():
+            if isinstance(spec, dict) and "float" in spec:
+                kwargs[name] = torch.randn(batch, *spec["float"], dtype=dtype)
+            elif isinstance(spec, dict) and "ids" in spec:
+                high = spec.get("high") or _vocab(cfg)
+                kwargs[name] = torch.randint(0, high, (batch, *spec["ids"]))
+            else:
+                kwargs[name] = spec
+        if case.get("mode", "train") == "infer":
+            for k in ("labels", "return_loss"):
+                kwargs.pop(k, None)
+            return model, (lambda: ((), kwargs)), (lambda out: None)
+        return model, (lambda: ((), kwargs)), (
+            lambda out: out.loss if getattr(out, "loss", None) is not None else out[0].sum())
+
+    gt.build = ours
+    return gt
