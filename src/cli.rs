@@ -253,6 +253,30 @@ pub struct Cli {
     /// DeepSpeed's reduce_bucket_size, in elements (default 500000000).
     #[arg(long, value_parser = parse_positive, value_name = "ELEMENTS", help_heading = "Several GPUs")]
     reduce_bucket_size: Option<u64>,
+    /// Read a DeepSpeed config (ZeRO stage and buckets, offload, bf16/fp16, micro-batch,
+    /// accumulation); the flags override it. Keys memest does not model are named.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "accelerate",
+        help_heading = "Several GPUs"
+    )]
+    deepspeed: Option<PathBuf>,
+    /// Read an accelerate config (FSDP or DeepSpeed plugin, num_processes, mixed_precision);
+    /// the flags override it.
+    #[arg(long, value_name = "FILE", help_heading = "Several GPUs")]
+    accelerate: Option<PathBuf>,
+    /// Keep state in CPU memory (ZeRO-Offload, ZeRO-3 parameter offload, FSDP CPU offload):
+    /// the GPU no longer holds it; the CPU figure is reported.
+    #[arg(long, value_enum, value_name = "WHAT", help_heading = "Several GPUs")]
+    offload: Option<memest::parallel::OffloadFlag>,
+    /// How many GPUs of the --gpu's (or --budget's) size the plan needs: the fewest that fit.
+    #[arg(long, help_heading = "Several GPUs", conflicts_with_all = ["max_batch", "max_context", "sweep", "plan"])]
+    min_gpus: bool,
+    /// `auto`: list the plans (DDP, ZeRO-1/2/3, FSDP, with and without offload) on --gpus N,
+    /// cheapest in memory first, and whether each fits the --budget/--gpu.
+    #[arg(long, value_name = "auto", value_parser = ["auto"], help_heading = "Several GPUs", conflicts_with_all = ["max_batch", "max_context", "sweep"])]
+    plan: Option<String>,
 }
 
 /// How the report is printed.
@@ -502,9 +526,44 @@ pub struct Request {
     pub print_model: bool,
     /// `--sweep`: one estimate per value.
     pub sweep: Option<Sweep>,
+    /// `--plan auto`: the parallel flags to plan from.
+    pub plans: Option<memest::parallel::PlanFlags>,
 }
 
 impl Cli {
+    /// Reads `--deepspeed` or `--accelerate` (and the DeepSpeed file an accelerate config
+    /// names): the file as given, and the plan it states.
+    ///
+    /// # Errors
+    /// When a file cannot be read or does not parse as its format.
+    fn read_config(&self) -> Result<Option<(String, memest::parallel::ConfigPlan)>> {
+        use memest::parallel::{accelerate, deepspeed};
+        let read = |path: &Path| -> Result<String> {
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("failed to read {}", path.display()))?;
+            read_bounded(file, &path.display().to_string())
+        };
+        if let Some(path) = &self.deepspeed {
+            let plan =
+                deepspeed::read(&read(path)?).with_context(|| format!("{}", path.display()))?;
+            return Ok(Some((path.display().to_string(), plan)));
+        }
+        let Some(path) = &self.accelerate else {
+            return Ok(None);
+        };
+        let acc = accelerate::read(&read(path)?).with_context(|| format!("{}", path.display()))?;
+        let plan = match &acc.deepspeed_config_file {
+            Some(ds) => {
+                let ds_path = Path::new(ds);
+                let ds_plan = deepspeed::read(&read(ds_path)?)
+                    .with_context(|| format!("{}", ds_path.display()))?;
+                accelerate::merge_deepspeed(acc.plan, ds_plan)
+            }
+            None => acc.plan,
+        };
+        Ok(Some((path.display().to_string(), plan)))
+    }
+
     /// Resolves the flags into a [`Request`].
     ///
     /// # Errors
@@ -583,13 +642,44 @@ impl Cli {
             }
             Some(DtypeArg::Quant(q)) => (Some(DType::Bfloat16), Some(q)),
         };
-        let (quant, quant_warnings) =
+        let (quant, mut quant_warnings) =
             Quant::resolve(base_quant, self.group_size, self.double_quant);
+        let config = self.read_config()?;
+        if let Some((file, c)) = &config {
+            quant_warnings.extend(c.notes.iter().map(|n| memest::report::Warning::ConfigKey {
+                file: file.clone(),
+                key: n.key.clone(),
+                message: n.message.clone(),
+            }));
+        }
+        let config = config.map(|c| c.1);
+        let cfg = config.as_ref();
+        // The config's precision applies only when no precision flag is given.
+        let precision_given = dtype.is_some() || self.amp.is_some() || self.recipe.is_some();
+        let cfg_precision = cfg.filter(|_| !precision_given);
+        let dtype = dtype.or(cfg_precision.and_then(|c| c.dtype));
+        let amp = self.amp.or(cfg_precision.and_then(|c| c.amp));
+        let recipe = self.recipe.or(cfg_precision.and_then(|c| c.recipe));
+        let batch = self.batch.or(cfg.and_then(|c| c.micro_batch));
+        let grad_accum = self.grad_accum.or(cfg.and_then(|c| c.grad_accum));
+        let plan_flags = memest::parallel::PlanFlags {
+            gpus: self.gpus,
+            ddp: self.ddp,
+            zero: self.zero,
+            fsdp: self.fsdp,
+            bucket_cap_mb: self.bucket_cap_mb,
+            gradient_as_bucket_view: self.gradient_as_bucket_view,
+            gpus_per_node: self.gpus_per_node,
+            reduce_bucket_size: self.reduce_bucket_size,
+            offload: self.offload,
+            config: config.clone(),
+            batch_and_accum: (batch, grad_accum),
+        };
         let overrides = Overrides {
-            batch: self.batch,
+            batch,
             seq: self.context.or(self.prompt).or(self.seq),
             dtype,
-            optimizer: self.optim,
+            optimizer: self.optim.or(cfg.and_then(|c| c.optimizer)),
             optimizer_impl: self.optim_impl,
             mode: if self.context.is_some() {
                 Some(Mode::Infer)
@@ -599,8 +689,8 @@ impl Cli {
                 self.mode
             },
             attention: self.attention,
-            amp: self.amp,
-            checkpoint: self.checkpoint,
+            amp,
+            checkpoint: self.checkpoint || cfg.and_then(|c| c.checkpoint) == Some(true),
             device: self.device,
             lora: self.lora_rank.map(|rank| Lora {
                 rank,
@@ -612,20 +702,15 @@ impl Cli {
             }),
             quant,
             kv_dtype: self.kv_dtype,
-            recipe: self.recipe,
+            recipe,
             parallel: memest::parallel::PlanFlags {
-                gpus: self.gpus,
-                ddp: self.ddp,
-                zero: self.zero,
-                fsdp: self.fsdp,
-                bucket_cap_mb: self.bucket_cap_mb,
-                gradient_as_bucket_view: self.gradient_as_bucket_view,
-                gpus_per_node: self.gpus_per_node,
-                reduce_bucket_size: self.reduce_bucket_size,
+                // `--min-gpus` resolves the plan at each world size it tries; here at one.
+                gpus: self.gpus.or(Some(1).filter(|_| self.min_gpus)),
+                ..plan_flags.clone()
             }
             .resolve()?,
             expandable_segments: self.expandable_segments,
-            grad_accum: self.grad_accum,
+            grad_accum,
             optim_in_backward: self.optim_in_backward,
             paged: self.paged,
             ema: self.ema,
@@ -662,7 +747,9 @@ impl Cli {
                     explain: self.explain,
                 },
                 allow_long_context: self.allow_long_context,
+                min_gpus: self.min_gpus.then(|| plan_flags.clone()),
             },
+            plans: self.plan.is_some().then_some(plan_flags),
             output: OutputOpts {
                 format: self.format,
                 units: if self.si {

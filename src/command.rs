@@ -55,6 +55,17 @@ pub fn execute(
             reports: swept.sweep,
         });
     }
+    if let Some(flags) = &req.plans {
+        let plans = crate::run_plans(&spec, &input.name, &req.query, flags).map_err(located)?;
+        for w in &req.query.warnings {
+            writeln!(err, "warning: {}", shown(&w.message(origin)))?;
+        }
+        let code = output::print_plans(out, &plans, &req.output)?;
+        return Ok(Executed {
+            code,
+            reports: Vec::new(),
+        });
+    }
     let report = crate::run(&spec, &input.name, &req.query).map_err(located)?;
     for w in &report.warnings {
         writeln!(err, "warning: {}", shown(&w.message(origin)))?;

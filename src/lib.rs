@@ -96,6 +96,232 @@ pub struct Query {
     /// `--allow-long-context`: a sequence past the model's `max_positions` neither warns nor
     /// bounds `--max-context`.
     pub allow_long_context: bool,
+    /// `--min-gpus`: the parallel flags to resolve at each world size tried (needs `budget`).
+    pub min_gpus: Option<parallel::PlanFlags>,
+}
+
+/// The most GPUs `--min-gpus` tries.
+pub const MIN_GPUS_LIMIT: u64 = 1 << 16;
+
+/// `--min-gpus`: the fewest data-parallel ranks on which `flags`' plan fits `budget` per GPU,
+/// by doubling from one, then bisection (the per-GPU figure falls as more ranks share the
+/// model states; when it stops falling between two doublings nothing more is sharded, and the
+/// search ends without an answer). World sizes are data-parallel ranks × the plan's model
+/// parallel degree (`tp · pp · cp` at the `--gpus` given, else 1).
+///
+/// # Errors
+/// As [`run`]; [`Error::Setting`] without a budget.
+fn min_gpus(
+    spec: &spec::ModelSpec,
+    name: &str,
+    query: &Query,
+    flags: &parallel::PlanFlags,
+) -> Result<(report::MinGpus, Option<settings::Overrides>), Error> {
+    let budget = query.budget.ok_or_else(|| {
+        Error::setting(
+            error::SettingKey::Parallel,
+            "--min-gpus needs a --budget or a --gpu (the memory of one GPU)",
+        )
+    })?;
+    let probe = parallel::PlanFlags {
+        gpus: flags.gpus.or(Some(1)),
+        ..flags.clone()
+    };
+    let model_parallel = match probe.resolve()? {
+        Some(p) => p.gpus / p.data_parallel().unwrap_or(p.gpus).max(1),
+        None => 1,
+    }
+    .max(1);
+    let at = |dp: u64| -> Result<(bool, u64, settings::Overrides), Error> {
+        let mut f = flags.clone();
+        f.gpus = Some(dp.saturating_mul(model_parallel));
+        let overrides = settings::Overrides {
+            parallel: f.resolve()?,
+            ..query.overrides.clone()
+        };
+        let r = estimate_observed(
+            spec,
+            name,
+            &overrides,
+            Some(budget),
+            sim::Observe::default(),
+        )?;
+        let b = r
+            .budget
+            .as_ref()
+            .map_or((false, r.peak_bytes), |b| (b.fits, b.checked_bytes));
+        Ok((b.0, b.1, overrides))
+    };
+    let mut lo = 0u64; // the largest known not to fit
+    let mut dp = 1u64;
+    let mut last: Option<u64> = None;
+    let found = loop {
+        let (fits, checked, o) = at(dp)?;
+        if fits {
+            break Some((dp, o));
+        }
+        if last.is_some_and(|l| checked >= l) || dp >= MIN_GPUS_LIMIT {
+            break None;
+        }
+        last = Some(checked);
+        lo = dp;
+        dp = dp.saturating_mul(2);
+    };
+    let searched = dp.saturating_mul(model_parallel);
+    let Some((mut hi, mut best)) = found else {
+        return Ok((
+            report::MinGpus {
+                budget_bytes: budget,
+                gpus: None,
+                searched_up_to: searched,
+            },
+            None,
+        ));
+    };
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let (fits, _, o) = at(mid)?;
+        if fits {
+            hi = mid;
+            best = o;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok((
+        report::MinGpus {
+            budget_bytes: budget,
+            gpus: Some(hi.saturating_mul(model_parallel)),
+            searched_up_to: searched,
+        },
+        Some(best),
+    ))
+}
+
+/// `--plan auto`: the plans on `gpus` GPUs (DDP; ZeRO-1, 2, 3; FSDP full-shard, shard-grad-op
+/// and, past one node, hybrid-shard; ZeRO-1/2/3 with the optimizer offloaded, ZeRO-3 and FSDP
+/// with parameters offloaded too), each estimated as [`run`] would, sorted by the figure the
+/// budget checks, then by host memory. `flags` keeps its non-engine options
+/// (`--gpus-per-node`, `--reduce-bucket-size`, a config's ZeRO options).
+///
+/// # Errors
+/// As [`run`]; [`Error::Setting`] without `--gpus`.
+pub fn run_plans(
+    spec: &spec::ModelSpec,
+    name: &str,
+    query: &Query,
+    flags: &parallel::PlanFlags,
+) -> Result<report::PlansReport, Error> {
+    use parallel::{FsdpStrategy, OffloadFlag};
+    let gpus = flags.gpus.ok_or_else(|| {
+        Error::setting(
+            error::SettingKey::Parallel,
+            "--plan auto needs --gpus N (the GPUs to plan for)",
+        )
+    })?;
+    let base = parallel::PlanFlags {
+        gpus: Some(gpus),
+        gpus_per_node: None,
+        ddp: false,
+        zero: None,
+        fsdp: None,
+        bucket_cap_mb: None,
+        gradient_as_bucket_view: false,
+        offload: None,
+        reduce_bucket_size: None,
+        ..flags.clone()
+    };
+    let per_node = flags.gpus_per_node.unwrap_or(8);
+    let mut candidates: Vec<parallel::PlanFlags> = vec![parallel::PlanFlags {
+        ddp: true,
+        ..base.clone()
+    }];
+    for stage in 1..=3 {
+        candidates.push(parallel::PlanFlags {
+            zero: Some(stage),
+            reduce_bucket_size: flags.reduce_bucket_size,
+            ..base.clone()
+        });
+    }
+    for strategy in [FsdpStrategy::FullShard, FsdpStrategy::ShardGradOp] {
+        candidates.push(parallel::PlanFlags {
+            fsdp: Some(strategy),
+            ..base.clone()
+        });
+    }
+    if gpus > per_node {
+        candidates.push(parallel::PlanFlags {
+            fsdp: Some(FsdpStrategy::HybridShard),
+            gpus_per_node: Some(per_node),
+            ..base.clone()
+        });
+    }
+    for stage in 1..=3 {
+        candidates.push(parallel::PlanFlags {
+            zero: Some(stage),
+            reduce_bucket_size: flags.reduce_bucket_size,
+            offload: Some(OffloadFlag::Optimizer),
+            ..base.clone()
+        });
+    }
+    candidates.push(parallel::PlanFlags {
+        zero: Some(3),
+        reduce_bucket_size: flags.reduce_bucket_size,
+        offload: Some(OffloadFlag::Both),
+        ..base.clone()
+    });
+    candidates.push(parallel::PlanFlags {
+        fsdp: Some(FsdpStrategy::FullShard),
+        offload: Some(OffloadFlag::Both),
+        ..base.clone()
+    });
+    let mut plans = Vec::new();
+    for c in candidates {
+        // The engine comes from the candidate, not from a config file.
+        let c = parallel::PlanFlags {
+            config: c.config.map(|mut cfg| {
+                if !matches!(cfg.engine, Some(parallel::ConfigEngine::Zero(_))) {
+                    cfg.engine = None;
+                }
+                cfg.offload = parallel::Offload::none();
+                cfg
+            }),
+            ..c
+        };
+        let Some(plan) = c.resolve()? else { continue };
+        let overrides = settings::Overrides {
+            parallel: Some(plan.clone()),
+            ..query.overrides.clone()
+        };
+        let r = estimate_observed(
+            spec,
+            name,
+            &overrides,
+            query.budget,
+            sim::Observe::default(),
+        )?;
+        let (checked, fits) = r
+            .budget
+            .as_ref()
+            .map_or((r.device_bytes.unwrap_or(r.peak_bytes), None), |b| {
+                (b.checked_bytes, Some(b.fits))
+            });
+        plans.push(report::PlanRow {
+            description: plan.describe(),
+            plan,
+            peak_bytes: r.peak_bytes,
+            checked_bytes: checked,
+            cpu_bytes: r.parallel.as_ref().map_or(0, |p| p.cpu_bytes),
+            fits,
+        });
+    }
+    plans.sort_by_key(|p| (p.checked_bytes, p.cpu_bytes));
+    Ok(report::PlansReport {
+        model: name.to_string(),
+        gpus,
+        budget_bytes: query.budget,
+        plans,
+    })
 }
 
 /// Estimates `spec` as `query` asks: at the requested size, then, with a search, at the largest
@@ -106,6 +332,19 @@ pub struct Query {
 /// As [`estimate_spec`] at the requested size; [`Error::Setting`] for `--max-context` on a model
 /// without a `"seq"` input dimension, or a search without a budget.
 pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, Error> {
+    if let Some(flags) = &query.min_gpus {
+        let (outcome, at) = min_gpus(spec, name, query, flags)?;
+        let q = Query {
+            min_gpus: None,
+            overrides: at.unwrap_or_else(|| query.overrides.clone()),
+            ..query.clone()
+        };
+        let mut report = run(spec, name, &q)?;
+        if let Some(p) = &mut report.parallel {
+            p.min_gpus = Some(outcome);
+        }
+        return Ok(report);
+    }
     let o = &query.overrides;
     let observe = if query.search.is_some() {
         sim::Observe::default()
@@ -259,6 +498,18 @@ fn position_table_rows(layers: &[spec::LayerSpec]) -> Option<u64> {
 }
 
 /// Whether any layer (inside blocks too) is of `kind`.
+/// The model's hidden size as the Hugging Face Trainer reads it (`config.hidden_size`): the
+/// width of its first token embedding, for DeepSpeed sizes left `"auto"`.
+fn hidden_size(layers: &[spec::LayerSpec]) -> Option<u64> {
+    layers.iter().find_map(|l| {
+        if l.kind == spec::LayerKind::Embedding {
+            l.embedding_dim
+        } else {
+            l.layers.as_deref().and_then(hidden_size)
+        }
+    })
+}
+
 fn has_kind(layers: &[spec::LayerSpec], kind: spec::LayerKind) -> bool {
     layers
         .iter()
@@ -409,6 +660,9 @@ fn estimate_with(
 ) -> Result<Option<Report>, Error> {
     let mut model = graph::build(spec, name)?;
     let mut settings = settings::Settings::resolve(&model.defaults, overrides)?;
+    if let Some(plan) = &mut settings.parallel {
+        plan.fill_auto(hidden_size(&spec.layers));
+    }
     if !model.input_dims.contains(&spec::DimSpec::Seq) {
         // Without a "seq" dimension a sequence length sets nothing (a warning says so).
         settings.seq = None;

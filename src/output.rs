@@ -103,7 +103,7 @@ pub fn print_sweep(
     let mut warned = Vec::new();
     for w in swept.sweep.iter().flat_map(|r| &r.warnings) {
         if !warned.contains(w) {
-            warned.push(*w);
+            warned.push(w.clone());
             writeln!(err, "warning: {}", shown(&w.message(origin)))?;
         }
     }
@@ -149,4 +149,28 @@ pub fn print_sweep(
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints `--plan auto`'s plans (JSON, or a table in the other formats); exit 1 when a budget
+/// is given and no plan fits it.
+pub fn print_plans(
+    out: &mut impl Write,
+    plans: &memest::report::PlansReport,
+    opts: &OutputOpts,
+) -> Result<ExitCode> {
+    match opts.format {
+        OutputFormat::Json => {
+            let text = plans.to_json().context("failed to serialize the plans")?;
+            writeln!(out, "{text}")?;
+        }
+        _ => write!(out, "{}", shown(&memest::render::plans(plans, opts.units)))?,
+    }
+    out.flush()?;
+    let none_fits =
+        plans.budget_bytes.is_some() && !plans.plans.iter().any(|p| p.fits == Some(true));
+    Ok(if none_fits {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

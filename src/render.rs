@@ -84,6 +84,56 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
     out
 }
 
+/// `--plan auto`: one row per plan, cheapest first: each GPU's checked figure, its tensor
+/// peak, the host memory of offloaded state and the verdict.
+#[must_use]
+pub fn plans(p: &crate::report::PlansReport, units: UnitSystem) -> String {
+    let fmt = |b: u64| format_bytes(b, units);
+    let mut out = String::new();
+    let budget = p.budget_bytes.map_or_else(
+        || "no budget".to_string(),
+        |b| format!("budget {} per GPU", fmt(b)),
+    );
+    let _ = writeln!(
+        out,
+        "plans for {} on {} GPUs, cheapest in memory first ({budget}):",
+        p.model, p.gpus
+    );
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header([
+        "Plan",
+        "Per GPU (checked)",
+        "Tensor peak",
+        "CPU memory",
+        "Fits",
+    ]);
+    for row in &p.plans {
+        table.add_row([
+            row.description.clone(),
+            fmt(row.checked_bytes),
+            fmt(row.peak_bytes),
+            if row.cpu_bytes > 0 {
+                fmt(row.cpu_bytes)
+            } else {
+                String::new()
+            },
+            match row.fits {
+                Some(true) => "yes".to_string(),
+                Some(false) => "no".to_string(),
+                None => String::new(),
+            },
+        ]);
+    }
+    for i in 1..4 {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let _ = writeln!(out, "{table}");
+    out
+}
+
 fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
     write_header(out, r, units)?;
     write_categories(out, r, units)?;
@@ -98,6 +148,21 @@ fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Resul
         return Ok(());
     };
     let fmt = |b: u64| format_bytes(b, units);
+    if let Some(m) = &p.min_gpus {
+        match m.gpus {
+            Some(n) => writeln!(
+                out,
+                "fewest GPUs that fit {} each: {n} (the figures are at {n})",
+                fmt(m.budget_bytes)
+            )?,
+            None => writeln!(
+                out,
+                "no number of GPUs fits {} each (tried up to {}; the per-GPU figure stopped falling or the search ended): the figures are at the size asked for",
+                fmt(m.budget_bytes),
+                m.searched_up_to
+            )?,
+        }
+    }
     writeln!(
         out,
         "per GPU: {}; data parallel {}; every figure above is one GPU's",
@@ -130,6 +195,20 @@ fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Resul
         String::new(),
         fmt(p.comm_buffers_bytes),
     ]);
+    if p.nccl_bytes > 0 {
+        table.add_row([
+            "NCCL buffers (approximate)".to_string(),
+            String::new(),
+            fmt(p.nccl_bytes),
+        ]);
+    }
+    if p.cpu_bytes > 0 {
+        table.add_row([
+            format!("CPU memory (offload; {} pinned)", fmt(p.cpu_pinned_bytes)),
+            String::new(),
+            fmt(p.cpu_bytes),
+        ]);
+    }
     for i in 1..3 {
         if let Some(col) = table.column_mut(i) {
             col.set_cell_alignment(CellAlignment::Right);
@@ -580,10 +659,19 @@ fn write_device(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
     else {
         return Ok(());
     };
-    let reserved = device.saturating_sub(context).saturating_sub(workspace);
+    let nccl = r.parallel.as_ref().map_or(0, |p| p.nccl_bytes);
+    let reserved = device
+        .saturating_sub(context)
+        .saturating_sub(workspace)
+        .saturating_sub(nccl);
+    let nccl_term = if nccl > 0 {
+        format!(" + {} NCCL buffers (approximate)", fmt(nccl))
+    } else {
+        String::new()
+    };
     writeln!(
         out,
-        "on the device (nvidia-smi): {} = {} reserved + {} CUDA context + {} cuBLAS workspaces",
+        "on the device (nvidia-smi): {} = {} reserved + {} CUDA context + {} cuBLAS workspaces{nccl_term}",
         fmt(device),
         fmt(reserved),
         fmt(context),
@@ -604,10 +692,17 @@ fn write_device(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
     } else {
         "the tensors (the caching allocator is not modelled here: reserved is the tensor peak)"
     };
-    writeln!(
-        out,
-        "the device figure counts {reserve}, the CUDA context and cuBLAS workspaces; it leaves out cuDNN convolution workspaces, NCCL buffers, kernels loaded after the context's first use and other processes"
-    )
+    if nccl > 0 {
+        writeln!(
+            out,
+            "the device figure counts {reserve}, the CUDA context, cuBLAS workspaces and NCCL's default channel buffers; it leaves out cuDNN convolution workspaces, more NCCL channels or communicators than the default, kernels loaded after the context's first use and other processes"
+        )
+    } else {
+        writeln!(
+            out,
+            "the device figure counts {reserve}, the CUDA context and cuBLAS workspaces; it leaves out cuDNN convolution workspaces, NCCL buffers, kernels loaded after the context's first use and other processes"
+        )
+    }
 }
 
 /// A bytes-per-parameter figure: whole numbers plain, others with up to three decimals.

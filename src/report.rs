@@ -177,8 +177,84 @@ pub struct ParallelReport {
     /// The communication buffers' own maximum during the step (DDP buckets, gathered
     /// parameters, reduce buckets), per GPU.
     pub comm_buffers_bytes: u64,
-    /// Bytes on the host (CPU) per GPU, for offloaded state (0: no offload).
+    /// Bytes on the host (CPU) per GPU, for offloaded state (0: no offload): optimizer state,
+    /// master partitions, gradient partitions and parameter shards as the engine keeps them
+    /// there, staging buffers included (see `parallel::Offload`). NVMe offload: 0 (the state is
+    /// on disk; the host's swap buffers are not modelled).
     pub cpu_bytes: u64,
+    /// Of `cpu_bytes`, the page-locked (pinned) bytes.
+    pub cpu_pinned_bytes: u64,
+    /// NCCL's own buffers on each GPU (`parallel::nccl`: an approximation of the default
+    /// channels and protocol buffers, not a measurement); 0 on `--device cpu` (gloo). Counted
+    /// in `device_bytes`.
+    pub nccl_bytes: u64,
+    /// `--min-gpus`: the search for the fewest GPUs the plan fits on (the report is at that
+    /// world size when one was found).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_gpus: Option<MinGpus>,
+}
+
+/// The outcome of `--min-gpus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct MinGpus {
+    /// The budget per GPU, in bytes (`--budget`, or the `--gpu`'s memory).
+    pub budget_bytes: u64,
+    /// The fewest GPUs on which each GPU's figure fits the budget; `null` when none up to
+    /// `searched_up_to` does (or the per-GPU figure stopped falling: nothing more is sharded).
+    pub gpus: Option<u64>,
+    /// The largest world size tried.
+    pub searched_up_to: u64,
+}
+
+/// `--plan auto`: the plans on `--gpus N`, cheapest in memory first (the `--format json`
+/// output, described by `schema/plans.schema.json`).
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct PlansReport {
+    /// The model.
+    pub model: String,
+    /// GPUs in all.
+    pub gpus: u64,
+    /// The budget per GPU, if any.
+    pub budget_bytes: Option<u64>,
+    /// One row per plan that could be estimated, by `checked_bytes` then `cpu_bytes`.
+    pub plans: Vec<PlanRow>,
+}
+
+impl PlansReport {
+    /// Pretty-printed JSON, keys sorted at every level (as [`Report::to_json`]).
+    ///
+    /// # Errors
+    /// None in practice: every field serializes.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        let value = serde_json::to_value(self)?;
+        serde_json::to_string_pretty(&value)
+    }
+}
+
+/// The schema of `--plan auto`'s JSON output, published as `schema/plans.schema.json`.
+#[must_use]
+pub fn plans_json_schema() -> Schema {
+    schemars::schema_for!(PlansReport)
+}
+
+/// One plan of `--plan auto`.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct PlanRow {
+    /// The plan in words.
+    pub description: String,
+    /// The plan.
+    pub plan: crate::parallel::Plan,
+    /// Each GPU's peak of tensors (the worst rank).
+    pub peak_bytes: u64,
+    /// The figure the budget checks (`device_bytes` on a GPU by default, else the peak).
+    pub checked_bytes: u64,
+    /// Host bytes per GPU for offloaded state.
+    pub cpu_bytes: u64,
+    /// Whether `checked_bytes` fits the budget (`null` without one).
+    pub fits: Option<bool>,
 }
 
 /// Parameters, gradients, optimizer state and master weights, in bytes.
@@ -601,13 +677,24 @@ impl Report {
             .map(|p| p.numel)
             .sum();
         let (allocated, reserved) = allocator_peaks(sim);
+        // NCCL's buffers: on CUDA under a plan of several GPUs (gloo on the CPU has none).
+        let nccl = match (&settings.parallel, settings.device) {
+            (Some(p), Device::Cuda) if sim.unsharded.is_some() => {
+                crate::parallel::nccl::bytes(p.gpus)
+            }
+            _ => 0,
+        };
         let terms = match settings.device {
             Device::Cuda => Some(DeviceTerms::new(
                 &settings.arch,
                 settings.cuda_context,
                 reserved,
                 settings.training(),
-            )?),
+            )?)
+            .map(|mut t| {
+                t.device_bytes = t.device_bytes.saturating_add(nccl);
+                t
+            }),
             Device::Cpu => None,
         };
         let (on, checked) = match (&terms, settings.budget_on) {
@@ -728,7 +815,10 @@ impl Report {
                         master_weights_bytes: sim.master_weights_bytes,
                     },
                     comm_buffers_bytes: sim.category_max[Category::CommBuffers as usize],
-                    cpu_bytes: 0,
+                    cpu_bytes: sim.cpu_bytes[0],
+                    cpu_pinned_bytes: sim.cpu_bytes[1],
+                    nccl_bytes: nccl,
+                    min_gpus: None,
                 }),
         })
     }

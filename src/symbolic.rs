@@ -431,6 +431,7 @@ fn extend(
         optimizer_temp_bytes: ext(|s| s.optimizer_temp_bytes)?,
         resident_parameter_bytes: None,
         unsharded: None,
+        cpu_bytes: [0, 0],
         paged_state_bytes: ext(|s| s.paged_state_bytes)?,
         ema_bytes: ext(|s| s.ema_bytes)?,
         held: Held {

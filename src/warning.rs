@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 /// A flag or setting without effect, reported beside the estimate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Warning {
     /// `--seq` or `--context` on a model whose input has no `"seq"` dimension.
@@ -46,12 +46,22 @@ pub enum Warning {
     /// `--expandable-segments` where the CUDA caching allocator is not modelled (`--device
     /// cpu`, or several GPUs).
     ExpandableSegmentsWithoutAllocator,
+    /// A key of a `--deepspeed` or `--accelerate` config that memest reads but does not model,
+    /// or does not know.
+    ConfigKey {
+        /// The file as given on the command line.
+        file: String,
+        /// The key's path in it, e.g. `zero_optimization.sub_group_size`.
+        key: String,
+        /// What memest does with it.
+        message: String,
+    },
 }
 
 impl Warning {
     /// The message, naming the model file as `origin`.
     #[must_use]
-    pub fn message(self, origin: &str) -> String {
+    pub fn message(&self, origin: &str) -> String {
         match self {
             Warning::SeqWithoutSeqDim => format!(
                 "--seq/--context set no length: the input of {origin} has no \"seq\" dimension"
@@ -85,6 +95,7 @@ impl Warning {
             } => format!(
                 "--max-context stopped at the {max_positions} positions {origin} was trained for (max_position_embeddings); {fits} tokens would fit the budget (--allow-long-context searches past the limit)"
             ),
+            Warning::ConfigKey { file, key, message } => format!("{file}: {key}: {message}"),
             Warning::ExpandableSegmentsWithoutAllocator => {
                 "--expandable-segments has no effect: the CUDA caching allocator is modelled for one CUDA GPU (not --device cpu or --gpus)"
                     .to_string()

@@ -15,6 +15,9 @@
 //! each rank keeps between steps, what it gathers around each block (FSDP unit), and what its
 //! communication buffers hold. This module knows tensor facts and dtypes only, never the tape.
 
+pub mod accelerate;
+pub mod deepspeed;
+pub mod nccl;
 pub mod shard;
 
 use serde::Serialize;
@@ -35,6 +38,75 @@ pub struct Plan {
     pub cp: u64,
     /// How the data-parallel ranks share parameters, gradients and optimizer state.
     pub sharding: Sharding,
+    /// What lives in host memory instead of the GPU (`--offload`, DeepSpeed's
+    /// `offload_optimizer`/`offload_param`, FSDP2's `CPUOffloadPolicy`).
+    pub offload: Offload,
+}
+
+/// Where offloaded state goes (DeepSpeed's `OffloadDeviceEnum` in
+/// `deepspeed/runtime/zero/offload_config.py`: `cpu` or `nvme`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OffloadTarget {
+    /// Host memory (ZeRO-Offload).
+    Cpu,
+    /// An NVMe drive through host buffers (ZeRO-Infinity): the state is on disk; only the
+    /// GPU side is modelled, and the host's swap buffers are not counted.
+    Nvme,
+}
+
+/// What a plan keeps off the GPU.
+///
+/// - ZeRO-Offload (Ren et al. 2021; DeepSpeed `offload_optimizer`, ZeRO stages 1–3): the
+///   float32 master partition, the optimizer state and the float32 gradient partition live in
+///   host memory and the optimizer steps on the CPU (`DeepSpeedCPUAdam`); the GPU keeps its
+///   16-bit parameters, the reduce bucket and a staging buffer of the largest parameter's size
+///   (`temp_grad_buffer_for_gpu_offload` in `stage_1_and_2.py`).
+/// - ZeRO-Infinity parameter offload (`offload_param`, stage 3 only): the 16-bit parameter
+///   partitions live in (always pinned) host memory (`param_groups_fp16_flat_cpu_memory` in
+///   `stage3.py`); the GPU holds only gathered units.
+/// - FSDP2 `CPUOffloadPolicy`: parameter, gradient and optimizer-state shards all on the host;
+///   the optimizer steps on the CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Offload {
+    /// Optimizer state, master partitions and the float32 gradient partition.
+    pub optimizer: Option<OffloadTarget>,
+    /// Parameter partitions (ZeRO-3) or shards (FSDP).
+    pub params: Option<OffloadTarget>,
+    /// `pin_memory`: page-locked host buffers (DeepSpeed default false for its `offload_*`
+    /// configs; FSDP2's `CPUOffloadPolicy(pin_memory=True)` by default). Pinned or not, the
+    /// bytes are host bytes; it only says which ones are page-locked.
+    pub pin_memory: bool,
+}
+
+impl Offload {
+    /// Nothing offloaded.
+    #[must_use]
+    pub const fn none() -> Offload {
+        Offload {
+            optimizer: None,
+            params: None,
+            pin_memory: false,
+        }
+    }
+
+    /// Whether anything is offloaded.
+    #[must_use]
+    pub const fn any(&self) -> bool {
+        self.optimizer.is_some() || self.params.is_some()
+    }
+}
+
+/// `--offload`: what to move to host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OffloadFlag {
+    /// Optimizer state and master weights (ZeRO-Offload; ZeRO stages 1-3).
+    Optimizer,
+    /// Parameters (ZeRO-3's partitions or FSDP's shards).
+    Params,
+    /// Both.
+    Both,
 }
 
 /// How the data-parallel ranks share the model states.
@@ -95,6 +167,26 @@ pub struct Zero {
     /// `stage3_max_reuse_distance`, in elements (default 1e9): ZeRO-3 does not release a
     /// parameter after its forward when it is used again within this many fetched elements.
     pub max_reuse_distance_elems: u64,
+    /// `stage3_prefetch_bucket_size`, in elements (default 5e7): how far ahead ZeRO-3 fetches
+    /// parameters once it has traced a step. Carried, not modelled: memest counts one gathered
+    /// unit at a time (the measured ZeRO-3 case runs with the default).
+    pub prefetch_bucket_elems: u64,
+    /// `stage3_max_live_parameters`, in elements (default 1e9): the gathered parameters ZeRO-3
+    /// keeps before it releases. Carried, not modelled (units are released after their use).
+    pub max_live_parameters: u64,
+    /// `overlap_comm` (DeepSpeed's default: true for stage 3 only, the `overlap_comm_valid`
+    /// validator): ZeRO-1/2 then allocate a second reduce bucket (`ipg_buffer` `buf_1`,
+    /// `stage_1_and_2.py` `backward`).
+    pub overlap_comm: bool,
+    /// `contiguous_gradients` (default true): gradients are copied into the reduce bucket
+    /// (`ipg_buffer` for stages 1-2, `__ipg_bucket_flat_buffer` for stage 3); false: no bucket
+    /// is allocated.
+    pub contiguous_gradients: bool,
+    /// Sizes a Hugging Face Trainer config left `"auto"`, filled from the model's hidden size
+    /// when the model is known ([`Plan::fill_auto`]).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub auto_from_hidden: deepspeed::AutoFromHidden,
 }
 
 impl Zero {
@@ -107,6 +199,15 @@ impl Zero {
             allgather_bucket_elems: 500_000_000,
             param_persistence_threshold: 100_000,
             max_reuse_distance_elems: 1_000_000_000,
+            prefetch_bucket_elems: 50_000_000,
+            max_live_parameters: 1_000_000_000,
+            overlap_comm: stage == 3,
+            contiguous_gradients: true,
+            auto_from_hidden: deepspeed::AutoFromHidden {
+                reduce_bucket: false,
+                prefetch_bucket: false,
+                persistence_threshold: false,
+            },
         }
     }
 }
@@ -197,6 +298,7 @@ impl Plan {
             pp: 1,
             cp: 1,
             sharding,
+            offload: Offload::none(),
         }
     }
 
@@ -236,7 +338,7 @@ impl Plan {
     #[must_use]
     pub fn describe(&self) -> String {
         let gpus = self.gpus;
-        match self.sharding {
+        let engine = match self.sharding {
             Sharding::Ddp(d) => format!(
                 "DDP over {gpus} GPUs, {} MiB buckets{}",
                 d.bucket_cap_bytes >> 20,
@@ -248,6 +350,28 @@ impl Plan {
             ),
             Sharding::Zero(z) => format!("DeepSpeed ZeRO-{} over {gpus} GPUs", z.stage),
             Sharding::Fsdp(f) => format!("FSDP {} over {gpus} GPUs", f.strategy),
+        };
+        engine + &self.describe_offload()
+    }
+
+    /// `, optimizer offloaded to the CPU`, or nothing.
+    fn describe_offload(&self) -> String {
+        let at = |t: OffloadTarget| match t {
+            OffloadTarget::Cpu => "the CPU",
+            OffloadTarget::Nvme => "NVMe",
+        };
+        match (self.offload.optimizer, self.offload.params) {
+            (None, None) => String::new(),
+            (Some(o), None) => format!(", optimizer offloaded to {}", at(o)),
+            (None, Some(p)) => format!(", parameters offloaded to {}", at(p)),
+            (Some(o), Some(p)) if o == p => {
+                format!(", optimizer and parameters offloaded to {}", at(o))
+            }
+            (Some(o), Some(p)) => format!(
+                ", optimizer offloaded to {}, parameters to {}",
+                at(o),
+                at(p)
+            ),
         }
     }
 
@@ -261,6 +385,61 @@ impl Plan {
             _ => None,
         }
     }
+}
+
+/// A plan as a configuration file states it (a DeepSpeed JSON config, [`deepspeed::read`], or
+/// an accelerate YAML config, [`accelerate::read`]), before the flags override it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigPlan {
+    /// World size, when the file says it (accelerate's `num_processes`).
+    pub gpus: Option<u64>,
+    /// The engine, when the file names one.
+    pub engine: Option<ConfigEngine>,
+    /// What the file offloads.
+    pub offload: Offload,
+    /// Micro-batch per GPU (`train_micro_batch_size_per_gpu`).
+    pub micro_batch: Option<u64>,
+    /// Micro-batches per optimizer step (`gradient_accumulation_steps`).
+    pub grad_accum: Option<u64>,
+    /// Samples per optimizer step over all GPUs (`train_batch_size` = micro-batch ×
+    /// accumulation × data-parallel ranks).
+    pub train_batch: Option<u64>,
+    /// The dtype the engine casts the model to (DeepSpeed's `bf16`/`fp16` sections:
+    /// `DeepSpeedEngine._configure_distributed_model` calls `module.bfloat16()`/`half()`).
+    pub dtype: Option<DType>,
+    /// A precision recipe (accelerate's `mixed_precision` under FSDP: a
+    /// `MixedPrecisionPolicy` over float32 shards, memest's `mixed-bf16`/`mixed-fp16`).
+    pub recipe: Option<crate::cost::RecipeName>,
+    /// Autocast (accelerate's `mixed_precision` under DDP).
+    pub amp: Option<crate::cost::Amp>,
+    /// Activation checkpointing of every block (accelerate's `fsdp_activation_checkpointing`).
+    pub checkpoint: Option<bool>,
+    /// The optimizer (DeepSpeed's `optimizer.type`).
+    pub optimizer: Option<crate::cost::Optimizer>,
+    /// Keys read but not modelled, or unknown, each with its path in the file.
+    pub notes: Vec<ConfigNote>,
+}
+
+/// The engine a configuration file names.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ConfigEngine {
+    /// Plain data parallelism (accelerate `MULTI_GPU`).
+    Ddp,
+    /// DeepSpeed ZeRO with its options.
+    Zero(Zero),
+    /// FSDP: a strategy, and `reshard_after_forward` when the file sets it apart from the
+    /// strategy (FSDP2's `fsdp_reshard_after_forward`).
+    Fsdp(FsdpStrategy, Option<bool>),
+}
+
+/// One key of a configuration file that memest reads but does not model, or does not know.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ConfigNote {
+    /// The key's path, e.g. `zero_optimization.sub_group_size`.
+    pub key: String,
+    /// What memest does with it.
+    pub message: String,
 }
 
 /// The parallel flags as given (`--gpus`, `--ddp`, `--zero`, `--fsdp` and their options),
@@ -283,32 +462,53 @@ pub struct PlanFlags {
     pub gpus_per_node: Option<u64>,
     /// `--reduce-bucket-size` (DeepSpeed `reduce_bucket_size`, elements).
     pub reduce_bucket_size: Option<u64>,
+    /// `--offload`.
+    pub offload: Option<OffloadFlag>,
+    /// `--deepspeed FILE` or `--accelerate FILE`, read; the flags above override it.
+    pub config: Option<ConfigPlan>,
+    /// The micro-batch and accumulation steps in effect (flags over the config), to check the
+    /// config's `train_batch_size` and to derive the world size from it.
+    pub batch_and_accum: (Option<u64>, Option<u64>),
 }
 
 impl PlanFlags {
     /// The plan the flags ask for: `None` without `--gpus` and without any engine flag (one
-    /// GPU, as before); `--gpus N` alone is DDP.
+    /// GPU, as before); `--gpus N` alone is DDP. A configuration file (`config`) gives the
+    /// engine, its options and the world size where the flags do not.
     ///
     /// # Errors
     /// [`Error::Setting`] ([`SettingKey::Parallel`]) for an engine flag without `--gpus`, a ZeRO
-    /// stage past 3, an option of another engine (`--bucket-cap-mb` with `--zero`, …), or a
-    /// bucket cap that is not a positive number.
+    /// stage past 3, an option of another engine (`--bucket-cap-mb` with `--zero`, …), a
+    /// bucket cap that is not a positive number, an offload the engine cannot do (DDP, ZeRO-0,
+    /// parameters below ZeRO-3), or a config's `train_batch_size` that disagrees with
+    /// micro-batch × accumulation × data-parallel ranks.
     ///
     /// [`Error::Setting`]: crate::Error::Setting
     /// [`SettingKey::Parallel`]: crate::error::SettingKey::Parallel
     pub fn resolve(&self) -> Result<Option<Plan>, crate::Error> {
         use crate::error::SettingKey;
         let err = |m: String| crate::Error::setting(SettingKey::Parallel, m);
+        let cfg = self.config.as_ref();
+        let cfg_engine = cfg.and_then(|c| c.engine);
         let engine_given = self.ddp || self.zero.is_some() || self.fsdp.is_some();
         let ddp_options = self.bucket_cap_mb.is_some() || self.gradient_as_bucket_view;
-        let Some(gpus) = self.gpus else {
+        let (micro, accum) = self.batch_and_accum;
+        // `train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps *
+        // world_size` (DeepSpeedConfig._batch_assertion).
+        let from_train_batch = cfg.and_then(|c| c.train_batch).and_then(|t| {
+            let per = micro.unwrap_or(1).checked_mul(accum.unwrap_or(1))?;
+            (micro.is_some() && per > 0 && t % per == 0).then(|| t / per)
+        });
+        let Some(gpus) = self.gpus.or(cfg.and_then(|c| c.gpus)).or(from_train_batch) else {
             if engine_given
                 || ddp_options
                 || self.gpus_per_node.is_some()
                 || self.reduce_bucket_size.is_some()
+                || self.offload.is_some()
+                || cfg.is_some()
             {
                 return Err(err(
-                    "--ddp, --zero, --fsdp and their options need --gpus N (the number of GPUs)"
+                    "--ddp, --zero, --fsdp, --offload, --deepspeed, --accelerate and their options need --gpus N (the number of GPUs)"
                         .into(),
                 ));
             }
@@ -317,34 +517,59 @@ impl PlanFlags {
         if gpus == 0 {
             return Err(err("--gpus must be at least 1".into()));
         }
-        if ddp_options && (self.zero.is_some() || self.fsdp.is_some()) {
+        let zero_engine = self.zero.is_some()
+            || (!engine_given && matches!(cfg_engine, Some(ConfigEngine::Zero(_))));
+        let fsdp_engine = self.fsdp.is_some()
+            || (!engine_given && matches!(cfg_engine, Some(ConfigEngine::Fsdp(..))));
+        if ddp_options && (zero_engine || fsdp_engine) {
             return Err(err(
                 "--bucket-cap-mb and --gradient-as-bucket-view are DDP's options; drop them with --zero or --fsdp".into(),
             ));
         }
-        if self.reduce_bucket_size.is_some() && self.zero.is_none() {
+        if self.reduce_bucket_size.is_some() && !zero_engine {
             return Err(err(
                 "--reduce-bucket-size is DeepSpeed's option: it needs --zero".into(),
             ));
         }
-        if self.gpus_per_node.is_some() && self.fsdp != Some(FsdpStrategy::HybridShard) {
+        let fsdp_strategy = self.fsdp.or(match cfg_engine {
+            Some(ConfigEngine::Fsdp(s, _)) if !engine_given => Some(s),
+            _ => None,
+        });
+        if self.gpus_per_node.is_some() && fsdp_strategy != Some(FsdpStrategy::HybridShard) {
             return Err(err(
                 "--gpus-per-node sets the hybrid-shard group: it needs --fsdp hybrid-shard".into(),
             ));
         }
-        let sharding = if let Some(stage) = self.zero {
+        let config_zero = match cfg_engine {
+            Some(ConfigEngine::Zero(z)) => Some(z),
+            _ => None,
+        };
+        let sharding = if zero_engine {
+            let stage = self.zero.or(config_zero.map(|z| z.stage)).unwrap_or(0);
             if stage > 3 {
                 return Err(err(format!(
                     "--zero {stage}: DeepSpeed ZeRO has stages 0 to 3"
                 )));
             }
-            let mut z = Zero::stage(stage);
+            let mut z = match config_zero {
+                // The config's options, at the stage the flag asks for (DeepSpeed's
+                // `overlap_comm` default follows the stage unless the file set it).
+                Some(c) => Zero { stage, ..c },
+                None => Zero::stage(stage),
+            };
             if let Some(r) = self.reduce_bucket_size {
                 z.reduce_bucket_elems = r;
             }
             Sharding::Zero(z)
-        } else if let Some(strategy) = self.fsdp {
-            Sharding::Fsdp(Fsdp::new(strategy, gpus, self.gpus_per_node.unwrap_or(8)))
+        } else if let Some(strategy) = fsdp_strategy {
+            let mut f = Fsdp::new(strategy, gpus, self.gpus_per_node.unwrap_or(8));
+            if let (None, Some(ConfigEngine::Fsdp(s, Some(r)))) = (self.fsdp, cfg_engine)
+                && s == strategy
+                && f.shard_group > 1
+            {
+                f.reshard_after_forward = r;
+            }
+            Sharding::Fsdp(f)
         } else {
             let mut d = Ddp::default();
             if let Some(mb) = self.bucket_cap_mb {
@@ -361,6 +586,95 @@ impl PlanFlags {
             d.gradient_as_bucket_view = self.gradient_as_bucket_view;
             Sharding::Ddp(d)
         };
-        Ok(Some(Plan::data_parallel_only(gpus, sharding)))
+        let mut plan = Plan::data_parallel_only(gpus, sharding);
+        plan.offload = match self.offload {
+            Some(flag) => {
+                let cpu = Some(OffloadTarget::Cpu);
+                let pin = cfg.is_some_and(|c| c.offload.pin_memory);
+                match flag {
+                    OffloadFlag::Optimizer => Offload {
+                        optimizer: cpu,
+                        params: None,
+                        pin_memory: pin,
+                    },
+                    OffloadFlag::Params => Offload {
+                        optimizer: None,
+                        params: cpu,
+                        pin_memory: pin,
+                    },
+                    OffloadFlag::Both => Offload {
+                        optimizer: cpu,
+                        params: cpu,
+                        pin_memory: pin,
+                    },
+                }
+            }
+            None => cfg.map_or(Offload::none(), |c| c.offload),
+        };
+        plan.check_offload()?;
+        if let (Some(t), Some(dp)) = (cfg.and_then(|c| c.train_batch), plan.data_parallel())
+            && let (Some(m), a) = (micro, accum.unwrap_or(1))
+            && m.checked_mul(a).and_then(|x| x.checked_mul(dp)) != Some(t)
+        {
+            return Err(err(format!(
+                "train_batch_size {t} is not train_micro_batch_size_per_gpu {m} × gradient_accumulation_steps {a} × {dp} data-parallel GPUs (DeepSpeed requires it to be)"
+            )));
+        }
+        Ok(Some(plan))
+    }
+}
+
+impl Plan {
+    /// Fills the DeepSpeed sizes a config left `"auto"` from the model's `hidden_size`, as the
+    /// Hugging Face Trainer does (`None`: the model has no embedding to read it from; the
+    /// defaults stay).
+    pub fn fill_auto(&mut self, hidden: Option<u64>) {
+        if let (Sharding::Zero(z), Some(h)) = (&mut self.sharding, hidden) {
+            let auto = z.auto_from_hidden;
+            auto.fill(z, h);
+            z.auto_from_hidden = deepspeed::AutoFromHidden::default();
+        }
+    }
+
+    /// Checks that the engine can offload what the plan offloads, and puts FSDP's offload in
+    /// its one form (FSDP2's `CPUOffloadPolicy` moves parameters, gradients and optimizer state
+    /// together).
+    ///
+    /// # Errors
+    /// [`Error::Setting`](crate::Error::Setting) for offload under DDP or ZeRO-0, parameter
+    /// offload below ZeRO-3 (`offload_param` is "valid only with stage 3",
+    /// `DeepSpeedZeroConfig`), or optimizer-only offload under FSDP.
+    pub fn check_offload(&mut self) -> Result<(), crate::Error> {
+        use crate::error::SettingKey;
+        let err = |m: &str| Err(crate::Error::setting(SettingKey::Parallel, m));
+        if !self.offload.any() {
+            return Ok(());
+        }
+        match self.sharding {
+            Sharding::Ddp(_) => err(
+                "offload needs DeepSpeed ZeRO (--zero 1-3) or FSDP (--fsdp): DDP keeps everything on each GPU",
+            ),
+            Sharding::Zero(z) if z.stage == 0 => err(
+                "offload needs ZeRO stage 1 or more (offload_optimizer is valid for stages 1, 2 and 3)",
+            ),
+            Sharding::Zero(z) if z.stage < 3 && self.offload.params.is_some() => err(
+                "parameter offload (offload_param) is valid only with ZeRO stage 3; use --offload optimizer or --zero 3",
+            ),
+            Sharding::Zero(_) => Ok(()),
+            Sharding::Fsdp(_) => {
+                if self.offload.params.is_none() {
+                    return err(
+                        "FSDP offloads parameters, gradients and optimizer state together (CPUOffloadPolicy): use --offload params or both",
+                    );
+                }
+                let to = self.offload.params;
+                self.offload = Offload {
+                    optimizer: to,
+                    params: to,
+                    pin_memory: true,
+                };
+                Ok(())
+            }
+        }
     }
 }

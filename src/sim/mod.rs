@@ -190,6 +190,9 @@ pub struct Simulation {
     /// Under a parallel plan, the model states as one GPU would hold them whole (before
     /// sharding): parameters, gradients, optimizer state, master weights.
     pub unsharded: Option<[u64; 4]>,
+    /// Under a parallel plan with offload, this rank's host (CPU) bytes, and of them the
+    /// pinned ones ([`crate::parallel::Offload`]); 0 otherwise.
+    pub cpu_bytes: [u64; 2],
     /// Optimizer-step temporaries (the `foreach` temporaries, plus the float32 copies of
     /// 16-bit gradients a `mixed-*` recipe hands the optimizer).
     pub optimizer_temp_bytes: u64,
@@ -640,6 +643,9 @@ fn simulate_inner(
                 d.whole_optimizer.master_bytes,
             ]
         }),
+        cpu_bytes: dist
+            .as_ref()
+            .map_or([0, 0], |d| [d.cpu_bytes, d.cpu_pinned_bytes]),
         optimizer_temp_bytes,
         paged_state_bytes: if plan.paged { plan.state_bytes } else { 0 },
         ema_bytes,

@@ -125,6 +125,10 @@ pub(super) struct Dist {
     pub whole_gradient_bytes: u64,
     /// The optimizer's plan over the whole parameters (one GPU's).
     pub whole_optimizer: OptimizerPlan<ValueId>,
+    /// Host (CPU) bytes of this rank's offloaded state ([`crate::parallel::Offload`]).
+    pub cpu_bytes: u64,
+    /// Of `cpu_bytes`, the page-locked (pinned) ones.
+    pub cpu_pinned_bytes: u64,
 }
 
 impl Dist {
@@ -245,6 +249,8 @@ impl Dist {
                 ),
                 None => OptimizerPlan::default(),
             },
+            cpu_bytes: 0,
+            cpu_pinned_bytes: 0,
         };
         // FSDP with a `mixed-*` recipe is FSDP2's `MixedPrecisionPolicy(param_dtype=<16-bit>)`:
         // the sharded parameters stay in the master dtype (float32) and are the optimizer's
@@ -406,11 +412,21 @@ impl Dist {
                     .first()
                     .map_or(DType::Float32, |t| grad_dtype(t.dtype));
                 // DeepSpeed allocates the whole `reduce_bucket_size` (`torch.empty(reduce_bucket_size)`).
-                let bucket = bytes_of(grad_elem, z.reduce_bucket_elems);
+                let bucket = if z.contiguous_gradients {
+                    bytes_of(grad_elem, z.reduce_bucket_elems)
+                } else {
+                    0
+                };
                 match z.stage {
                     0 => {}
                     1 | 2 => {
-                        dist.comm_backward = bucket;
+                        // `overlap_comm`: a second bucket (`buf_1`) to fill while the first
+                        // is reduced.
+                        dist.comm_backward = if z.overlap_comm {
+                            bucket.saturating_mul(2)
+                        } else {
+                            bucket
+                        };
                         dist.reduce = Reduce::Buckets;
                         let partition = shard::zero12_partition_numel(total_numel, ranks);
                         // ZeRO-2's gradients per GPU: its partition, in the gradients' dtype.
@@ -483,7 +499,117 @@ impl Dist {
                 }
             }
         }
+        let largest_grad = trainable
+            .iter()
+            .fold(0u64, |a, t| a.max(bytes_of(grad_dtype(t.dtype), t.numel)));
+        dist.offload(plan, tape, largest_grad);
         dist
+    }
+
+    /// Moves what `plan` offloads from this GPU to the host, after the engine's own figures are
+    /// set. `largest_grad` is the bytes of the largest parameter's gradient (ZeRO-1/2's
+    /// staging buffers).
+    ///
+    /// - DeepSpeed `offload_optimizer` (ZeRO-Offload): the optimizer state, the float32 master
+    ///   partition (always pinned: `get_accelerator().pin_memory(weights_partition)` in
+    ///   `DeepSpeedZeroOptimizer.__init__`) and the float32 gradient partition
+    ///   (`single_partition_of_fp32_groups[i].grad`, pinned with `pin_memory`) go to the host;
+    ///   ZeRO-1/2 copy each reduced gradient there through `temp_grad_buffer_for_gpu_offload`
+    ///   (on the GPU, the largest parameter's numel in the 16-bit dtype, all run long) and
+    ///   `temp_grad_buffer_for_cpu_offload` (its host twin), so `grads_in_partition`, the
+    ///   step's float32 partition and its float64 norm copies are never made on the GPU
+    ///   (`copy_grads_in_partition` returns early under `cpu_offload`). ZeRO-3 puts its
+    ///   `grad_partitions_flat_buffer` and the float32 partitions on the host too
+    ///   (`stage3.py`: `self.device` is `cpu` under `offload_optimizer`).
+    /// - DeepSpeed `offload_param` (ZeRO-3): the 16-bit partitions live in
+    ///   `param_groups_fp16_flat_cpu_memory`, always pinned; the GPU keeps only gathered units
+    ///   and the persistent small parameters.
+    /// - FSDP2 `CPUOffloadPolicy`: parameter shards, gradient shards (the reduce-scatter output
+    ///   is copied to the host) and optimizer state on the host; pinned: the parameter and
+    ///   gradient shards (`pin_memory=True`).
+    fn offload(&mut self, plan: &Plan, tape: &Tape, largest_grad: u64) {
+        let off = plan.offload;
+        if !off.any() {
+            return;
+        }
+        let pinned_if = |b: u64| if off.pin_memory { b } else { 0 };
+        let mut host = 0u64;
+        let mut pinned = 0u64;
+        let resident: u64 = self.parameter_bytes();
+        match plan.sharding {
+            Sharding::Zero(z) => {
+                if off.optimizer.is_some() {
+                    let master = self.master_partition_bytes;
+                    let fp32_grad = self.step_grad_bytes;
+                    host = host
+                        .saturating_add(self.optimizer.state_bytes)
+                        .saturating_add(master)
+                        .saturating_add(fp32_grad);
+                    pinned = pinned.saturating_add(pinned_if(fp32_grad));
+                    if z.stage >= 3 {
+                        // Pinned only with `pin_memory` (else `unpinned_fp32_buffer`).
+                        pinned = pinned.saturating_add(pinned_if(master));
+                        let grads = std::mem::take(&mut self.grads_always);
+                        host = host.saturating_add(grads);
+                        pinned = pinned.saturating_add(pinned_if(grads));
+                    } else {
+                        pinned = pinned.saturating_add(master);
+                        host = host.saturating_add(largest_grad);
+                        pinned = pinned.saturating_add(pinned_if(largest_grad));
+                        self.comm_always = self.comm_always.saturating_add(largest_grad);
+                        self.partition_buffer = 0;
+                        if let Some(b) = &mut self.buckets {
+                            b.in_partition_bytes = 0;
+                            b.flat_bytes = 0;
+                            b.norm_temp_bytes = 0;
+                        }
+                    }
+                    self.optimizer = OptimizerPlan::default();
+                    self.master_partition_bytes = 0;
+                    self.step_grad_bytes = 0;
+                }
+                if off.params.is_some() {
+                    host = host.saturating_add(resident);
+                    pinned = pinned.saturating_add(resident);
+                    for b in self.resident.values_mut() {
+                        *b = 0;
+                    }
+                }
+            }
+            Sharding::Fsdp(_) => {
+                let grads = self
+                    .units
+                    .iter()
+                    .flat_map(|u| &u.grads)
+                    .fold(0u64, |a, g| a.saturating_add(g.2));
+                host = host
+                    .saturating_add(resident)
+                    .saturating_add(grads)
+                    .saturating_add(self.optimizer.state_bytes)
+                    .saturating_add(self.optimizer.master_bytes);
+                pinned = pinned
+                    .saturating_add(pinned_if(resident))
+                    .saturating_add(pinned_if(grads));
+                for b in self.resident.values_mut() {
+                    *b = 0;
+                }
+                for u in &mut self.units {
+                    for g in &mut u.grads {
+                        g.2 = 0;
+                    }
+                }
+                self.optimizer = OptimizerPlan::default();
+            }
+            Sharding::Ddp(_) => {}
+        }
+        let _ = tape;
+        // NVMe: the state is on disk; the host's swap buffers are not modelled.
+        let nvme = off.optimizer == Some(crate::parallel::OffloadTarget::Nvme)
+            || off.params == Some(crate::parallel::OffloadTarget::Nvme);
+        if !nvme {
+            self.cpu_bytes = host;
+            self.cpu_pinned_bytes = pinned;
+        }
     }
 }
 

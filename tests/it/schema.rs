@@ -165,3 +165,42 @@ fn sweep_schema_is_up_to_date_and_validates() {
     assert_eq!(out.status.code(), Some(0));
     assert_valid(&v, &args, &serde_json::from_slice(&out.stdout).unwrap());
 }
+
+const PLANS_SCHEMA: &str = "schema/plans.schema.json";
+
+/// `schema/plans.schema.json` (`--plan auto`'s JSON) is the generated one, rewritten with
+/// `MEMEST_UPDATE_SCHEMA=1`, and a plan listing validates against it.
+#[test]
+fn plans_schema_is_up_to_date_and_validates() {
+    let file = path(PLANS_SCHEMA);
+    let fresh = format!(
+        "{}\n",
+        serde_json::to_string_pretty(&memest::report::plans_json_schema()).unwrap()
+    );
+    if std::env::var_os("MEMEST_UPDATE_SCHEMA").is_some() {
+        std::fs::write(&file, &fresh).unwrap();
+    }
+    let committed = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        committed == fresh,
+        "{PLANS_SCHEMA} is out of date: run `MEMEST_UPDATE_SCHEMA=1 cargo test --test it schema` and commit it"
+    );
+    let schema: Value = serde_json::from_str(&committed).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let args = [
+        "examples/mlp.toml",
+        "--gpus",
+        "16",
+        "--plan",
+        "auto",
+        "--optim",
+        "adamw",
+        "--budget",
+        "1GiB",
+        "--format",
+        "json",
+    ];
+    let out = memest(&args);
+    assert_eq!(out.status.code(), Some(0));
+    assert_valid(&v, &args, &serde_json::from_slice(&out.stdout).unwrap());
+}
