@@ -25,6 +25,7 @@ mod common;
 mod allocator;
 mod cli;
 mod dist;
+mod dist_config;
 mod errors;
 mod examples;
 mod gpu;

@@ -231,6 +231,14 @@ mod flags {
         hf_llama_3_8b_gpus8_fsdp_max_batch => [LLAMA3, "--gpus", "8", "--fsdp", "full-shard", "--dtype", "bfloat16", "--seq", "4096", "--budget", "80GB", "--max-batch"],
         zero_without_gpus => [MLP, "--zero", "3"],
         zero_stage_past_3 => [MLP, "--gpus", "2", "--zero", "4"],
+        llama_tiny_deepspeed_zero2_offload_h100 => ["examples/llama_tiny.toml", "--seq", "128", "--deepspeed", "tests/fixtures/parallel/ds_zero2_offload.json", "--gpu", "h100"],
+        llama_tiny_deepspeed_unknown_keys => ["examples/llama_tiny.toml", "--seq", "128", "--deepspeed", "tests/fixtures/parallel/ds_unknown_keys.json", "--gpus", "2", "--device", "cpu"],
+        llama_tiny_accelerate_fsdp_json => ["examples/llama_tiny.toml", "--seq", "128", "--batch", "2", "--optim", "adamw", "--accelerate", "tests/fixtures/parallel/accelerate_fsdp.yaml", "--format", "json"],
+        llama_tiny_zero3_offload_both => ["examples/llama_tiny.toml", "--seq", "128", "--batch", "2", "--optim", "adamw", "--dtype", "bf16", "--gpus", "4", "--zero", "3", "--offload", "both"],
+        llama_tiny_min_gpus_zero3 => ["examples/llama_tiny.toml", "--seq", "128", "--batch", "2", "--optim", "adamw", "--dtype", "bf16", "--device", "cpu", "--zero", "3", "--reduce-bucket-size", "5000000", "--min-gpus", "--budget", "400MiB"],
+        llama_tiny_plan_auto_gpus16 => ["examples/llama_tiny.toml", "--seq", "128", "--batch", "2", "--optim", "adamw", "--dtype", "bf16", "--gpus", "16", "--plan", "auto", "--gpu", "h100"],
+        offload_with_ddp => [MLP, "--gpus", "2", "--offload", "optimizer"],
+        offload_without_gpus => [MLP, "--zero", "2", "--offload", "optimizer"],
     }
 
     #[test]

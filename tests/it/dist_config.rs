@@ -1,0 +1,461 @@
+//! Several GPUs from configuration files and their searches: `--deepspeed`, `--accelerate`,
+//! `--offload`, NCCL's line, `--min-gpus` and `--plan auto`.
+//!
+//! The model is the tiny Llama of `examples/llama_tiny.toml` (44,044,800 parameters; its largest
+//! parameters are the embedding and the LM head, 32,000 × 512 = 16,384,000 elements), in float32
+//! on the CPU as the measured cases of `tests/it/dist.rs` run it. A DeepSpeed config that states a
+//! measured case's plan gives that case's report exactly, so the config path inherits the
+//! measured per-rank checks. The offload figures are derived by hand below from DeepSpeed's
+//! allocations (`stage_1_and_2.py`, `stage3.py`); they are not measured (DeepSpeedCPUAdam needs
+//! its C++ op built, which this machine does not run).
+
+use serde_json::Value;
+
+use crate::common::{code, memest, stderr, u};
+
+const LLAMA: &str = "examples/llama_tiny.toml";
+/// The measured cases' settings (`tests/data/dist-cases-cli.json`) less the plan.
+const CASE: &[&str] = &[
+    LLAMA,
+    "--seq",
+    "128",
+    "--dtype",
+    "float32",
+    "--attention",
+    "flash",
+    "--device",
+    "cpu",
+    "--optim-impl",
+    "foreach",
+];
+
+fn with(extra: &[&str]) -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = CASE.to_vec();
+    for e in extra {
+        all.push(Box::leak(e.to_string().into_boxed_str()));
+    }
+    all
+}
+
+/// The report without its warnings (a config may warn where flags do not).
+fn figures(mut v: Value) -> Value {
+    v.as_object_mut().expect("object").remove("warnings");
+    v
+}
+
+/// `memest ARGS --format json`, parsed: exit 0 or 1 (over the budget), warnings allowed.
+fn report(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["--format", "json"]);
+    let out = memest(&all);
+    assert!(matches!(code(&out), 0 | 1), "{all:?}: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn parallel(v: &Value, key: &str) -> u64 {
+    v["parallel"][key].as_u64().expect(key)
+}
+
+/// `ds_measured_zeroN.json` (stage N, `reduce_bucket_size` 5e6, micro-batch 2, `train_batch_size`
+/// 4, AdamW) is the measured case `--gpus 2 --zero N --reduce-bucket-size 5000000 --batch 2
+/// --optim adamw`: same report, byte for byte. The world size comes from `train_batch_size / (2 ·
+/// 1)` = 2.
+#[test]
+fn deepspeed_config_is_the_measured_plan() {
+    for stage in ["1", "2", "3"] {
+        let file = format!("tests/fixtures/parallel/ds_measured_zero{stage}.json");
+        let from_config = report(&with(&["--deepspeed", &file]));
+        let from_flags = report(&with(&[
+            "--gpus",
+            "2",
+            "--zero",
+            stage,
+            "--reduce-bucket-size",
+            "5000000",
+            "--batch",
+            "2",
+            "--optim",
+            "adamw",
+        ]));
+        assert_eq!(figures(from_config), figures(from_flags), "stage {stage}");
+    }
+}
+
+/// Flags override the config: `--zero 3` over the stage-2 file keeps its bucket size.
+#[test]
+fn flags_override_the_config() {
+    let r = report(&with(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_measured_zero2.json",
+        "--zero",
+        "3",
+        "--batch",
+        "2",
+    ]));
+    let z = &r["parallel"]["plan"]["sharding"];
+    assert_eq!(z["stage"], 3);
+    assert_eq!(z["reduce_bucket_elems"], 5_000_000);
+    // `train_batch_size` 4 is checked against the flags: micro-batch 4 × 1 × 2 ranks = 8.
+    // (Without --gpus, micro-batch 4 makes the world size 4 / 4 = 1.)
+    let out = memest(&with(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_measured_zero2.json",
+        "--batch",
+        "4",
+        "--gpus",
+        "2",
+    ]));
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("train_batch_size 4 is not train_micro_batch_size_per_gpu 4 × gradient_accumulation_steps 1 × 2 data-parallel GPUs"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The Hugging Face Trainer's `"auto"` sizes from the model's hidden size (512 here):
+/// `reduce_bucket_size` 512² = 262,144, `stage3_prefetch_bucket_size` ⌊0.9 · 262,144⌋ = 235,929,
+/// `stage3_param_persistence_threshold` 10 · 512 = 5,120; the keys read but not modelled are
+/// named.
+#[test]
+fn hf_auto_values() {
+    let args = with(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero3_hf.json",
+        "--gpus",
+        "4",
+        "--batch",
+        "2",
+    ]);
+    let r = report(&args);
+    let z = &r["parallel"]["plan"]["sharding"];
+    assert_eq!(z["reduce_bucket_elems"], 262_144);
+    assert_eq!(z["prefetch_bucket_elems"], 235_929);
+    assert_eq!(z["param_persistence_threshold"], 5_120);
+    assert_eq!(z["overlap_comm"], true);
+    let keys: Vec<&str> = r["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter_map(|w| w["config_key"]["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["zero_optimization.stage3_prefetch_bucket_size"]);
+}
+
+/// Unknown keys get a did-you-mean, keys that change memory in ways memest does not model are
+/// named, keys without effect (and features turned off) are silent.
+#[test]
+fn unknown_and_unmodelled_keys_warn() {
+    let out = memest(&with(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_unknown_keys.json",
+        "--gpus",
+        "2",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    for line in [
+        "warning: tests/fixtures/parallel/ds_unknown_keys.json: train_batch_sizes: not a DeepSpeed key memest knows; ignored (did you mean train_batch_size?)",
+        "warning: tests/fixtures/parallel/ds_unknown_keys.json: zero_optimization.reduce_bucket_sise: not a DeepSpeed key memest knows; ignored (did you mean reduce_bucket_size?)",
+        "warning: tests/fixtures/parallel/ds_unknown_keys.json: zero_optimization.zero_quantized_gradients: read, not modelled",
+    ] {
+        assert!(err.contains(line), "{line}\n{err}");
+    }
+    assert!(!err.contains("flops_profiler"), "{err}");
+}
+
+/// ZeRO-Offload, by hand. World 2: the flat group of 44,044,800 elements is already a multiple
+/// of 2·2, so each partition is 22,022,400 elements, 88,089,600 B in float32.
+///
+/// - ZeRO-1/2 `offload_optimizer`: host = Adam's moments over the partition (2 × 88,089,600 +
+///   a 4-byte `step` = 176,179,204) + the float32 master partition (88,089,600, always pinned) +
+///   its float32 gradient (88,089,600) + `temp_grad_buffer_for_cpu_offload` (the largest
+///   parameter, 16,384,000 × 4 = 65,536,000) = 417,894,404 B. The GPU keeps no optimizer state,
+///   no master weights, no ZeRO-2 gradient partition, and gains the staging buffer
+///   `temp_grad_buffer_for_gpu_offload` (65,536,000) beside the reduce bucket (5e6 × 4 =
+///   20,000,000): communication buffers 85,536,000 B.
+/// - ZeRO-3 `offload_optimizer`: host = 176,179,204 + 88,089,600 (master) + 88,089,600 (its
+///   gradient) + 88,089,600 (`grad_partitions_flat_buffer`) = 440,448,004 B; parameters stay.
+/// - ZeRO-3 both: plus the parameter partitions (88,089,600, always pinned) = 528,537,604 B.
+#[test]
+fn offload_moves_state_to_the_host() {
+    let base = [
+        "--gpus",
+        "2",
+        "--reduce-bucket-size",
+        "5000000",
+        "--batch",
+        "2",
+        "--optim",
+        "adamw",
+    ];
+    let run = |stage: &str, what: &str| {
+        let mut extra = base.to_vec();
+        extra.extend(["--zero", stage, "--offload", what]);
+        report(&with(&extra))
+    };
+    for stage in ["1", "2"] {
+        let r = run(stage, "optimizer");
+        assert_eq!(parallel(&r, "cpu_bytes"), 417_894_404, "stage {stage}");
+        assert_eq!(
+            parallel(&r, "cpu_pinned_bytes"),
+            88_089_600,
+            "stage {stage}"
+        );
+        assert_eq!(
+            parallel(&r, "comm_buffers_bytes"),
+            85_536_000,
+            "stage {stage}"
+        );
+        assert_eq!(u(&r, "optimizer_state_bytes"), 0);
+        assert_eq!(u(&r, "master_weights_bytes"), 0);
+        assert_eq!(u(&r, "parameters_bytes"), 176_179_200);
+    }
+    assert_eq!(u(&run("2", "optimizer"), "gradients_bytes"), 0);
+    let r = run("3", "optimizer");
+    assert_eq!(parallel(&r, "cpu_bytes"), 440_448_004);
+    assert_eq!(parallel(&r, "cpu_pinned_bytes"), 0);
+    assert_eq!(u(&r, "parameters_bytes"), 88_089_600);
+    assert_eq!(u(&r, "gradients_bytes"), 0);
+    let r = run("3", "both");
+    assert_eq!(parallel(&r, "cpu_bytes"), 528_537_604);
+    assert_eq!(parallel(&r, "cpu_pinned_bytes"), 88_089_600);
+    assert_eq!(u(&r, "parameters_bytes"), 0);
+    // Offload never loses bytes: per stage, the host holds what the GPU no longer does.
+    for (stage, extra) in [
+        ("1", 88_089_600 + 65_536_000),
+        ("2", 88_089_600 + 65_536_000),
+        ("3", 2 * 88_089_600),
+    ] {
+        let mut plain = base.to_vec();
+        plain.extend(["--zero", stage]);
+        let p = report(&with(&plain));
+        let o = run(stage, "optimizer");
+        assert_eq!(
+            parallel(&o, "cpu_bytes"),
+            u(&p, "optimizer_state_bytes") + u(&p, "master_weights_bytes") + extra,
+            "stage {stage}"
+        );
+    }
+}
+
+/// FSDP2's `CPUOffloadPolicy`: the parameter, gradient and optimizer-state shards on the host.
+/// World 2: parameter shards 88,089,600 B (every dim-0 divides by 2), gradient shards as many,
+/// AdamW's moments 176,179,200 + one 4-byte `step` per parameter tensor (39 tensors: 156 B)
+/// = 352,358,556 B; pinned: the parameter and gradient shards, 176,179,200 B.
+#[test]
+fn fsdp_cpu_offload() {
+    let r = report(&with(&[
+        "--gpus",
+        "2",
+        "--fsdp",
+        "full-shard",
+        "--offload",
+        "params",
+        "--batch",
+        "2",
+        "--optim",
+        "adamw",
+    ]));
+    assert_eq!(parallel(&r, "cpu_bytes"), 352_358_556);
+    assert_eq!(parallel(&r, "cpu_pinned_bytes"), 176_179_200);
+    assert_eq!(u(&r, "parameters_bytes"), 0);
+    assert_eq!(u(&r, "optimizer_state_bytes"), 0);
+    let out = memest(&with(&[
+        "--gpus",
+        "2",
+        "--fsdp",
+        "full-shard",
+        "--offload",
+        "optimizer",
+    ]));
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("CPUOffloadPolicy"),
+        "{}",
+        stderr(&out)
+    );
+    let out = memest(&with(&["--gpus", "2", "--offload", "optimizer"]));
+    assert_eq!(code(&out), 2);
+    let out = memest(&with(&[
+        "--gpus",
+        "2",
+        "--zero",
+        "2",
+        "--offload",
+        "params",
+    ]));
+    assert!(
+        stderr(&out).contains("valid only with ZeRO stage 3"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The accelerate configs are the flags they stand for.
+#[test]
+fn accelerate_configs_are_their_flags() {
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "tests/fixtures/parallel/accelerate_fsdp.yaml",
+            &[
+                "--gpus",
+                "8",
+                "--fsdp",
+                "full-shard",
+                "--recipe",
+                "mixed-bf16",
+            ],
+        ),
+        (
+            "tests/fixtures/parallel/accelerate_deepspeed.yaml",
+            &[
+                "--gpus",
+                "4",
+                "--zero",
+                "3",
+                "--offload",
+                "optimizer",
+                "--dtype",
+                "bfloat16",
+            ],
+        ),
+        (
+            "tests/fixtures/parallel/accelerate_ds_file.yaml",
+            &[
+                "--gpus",
+                "2",
+                "--zero",
+                "2",
+                "--reduce-bucket-size",
+                "5000000",
+            ],
+        ),
+    ];
+    for (file, flags) in cases {
+        // The measured settings carry --dtype float32; a config's precision applies only
+        // without a precision flag, so these run on the model's own dtype.
+        let base = [
+            LLAMA, "--seq", "128", "--device", "cpu", "--batch", "2", "--optim", "adamw",
+        ];
+        let mut a = base.to_vec();
+        a.extend(["--accelerate", file]);
+        let mut b = base.to_vec();
+        b.extend(flags);
+        assert_eq!(figures(report(&a)), figures(report(&b)), "{file}");
+    }
+}
+
+/// NCCL's buffers: 16 channels × 2 connections × (4 MiB Simple + 4,915,200 B LL128 + 512 KiB LL)
+/// = 308,281,344 B per GPU on CUDA, counted in `device_bytes`; none on the CPU (gloo).
+#[test]
+fn nccl_line() {
+    let r = report(&[LLAMA, "--gpus", "8", "--zero", "3"]);
+    assert_eq!(parallel(&r, "nccl_bytes"), 308_281_344);
+    let single = report(&[LLAMA]);
+    // The same tensors, context and workspaces; the plan changes the tensors, so compare the
+    // device figure's parts instead: device = peak + context + workspaces + NCCL.
+    assert_eq!(
+        u(&r, "device_bytes"),
+        u(&r, "peak_bytes") + u(&r, "cuda_context_bytes") + u(&r, "workspace_bytes") + 308_281_344
+    );
+    assert!(single.get("parallel").is_none());
+    let cpu = report(&[LLAMA, "--gpus", "8", "--zero", "3", "--device", "cpu"]);
+    assert_eq!(parallel(&cpu, "nccl_bytes"), 0);
+}
+
+/// `--min-gpus`: ZeRO-3 (bucket 5e6) of the tiny Llama in bfloat16 on the CPU needs 4 GPUs of
+/// 400 MiB and 28 of 250 MiB; the answer fits and one fewer does not. DDP shards nothing: no
+/// number of GPUs brings it under its single-GPU figure.
+#[test]
+fn min_gpus() {
+    let base = [
+        LLAMA,
+        "--seq",
+        "128",
+        "--batch",
+        "2",
+        "--optim",
+        "adamw",
+        "--dtype",
+        "bf16",
+        "--device",
+        "cpu",
+        "--zero",
+        "3",
+        "--reduce-bucket-size",
+        "5000000",
+    ];
+    for (budget, n) in [("400MiB", 4u64), ("250MiB", 28)] {
+        let mut a = base.to_vec();
+        a.extend(["--min-gpus", "--budget", budget]);
+        let r = report(&a);
+        assert_eq!(r["parallel"]["min_gpus"]["gpus"], n, "{budget}");
+        assert_eq!(r["parallel"]["world_size"], n);
+        assert_eq!(r["budget"]["fits"], true);
+        let fewer = (n - 1).to_string();
+        let mut b = base.to_vec();
+        b.extend(["--gpus", &fewer, "--budget", budget]);
+        assert_eq!(report(&b)["budget"]["fits"], false, "{budget} at {fewer}");
+    }
+    let r = report(&[
+        LLAMA,
+        "--seq",
+        "128",
+        "--batch",
+        "2",
+        "--optim",
+        "adamw",
+        "--device",
+        "cpu",
+        "--min-gpus",
+        "--budget",
+        "300MiB",
+    ]);
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], Value::Null);
+    assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 2);
+    let out = memest(&[LLAMA, "--zero", "3", "--min-gpus"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("--min-gpus needs a --budget or a --gpu"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `--plan auto` on 16 GPUs: twelve plans (hybrid-shard past one node of 8), sorted by the
+/// checked figure; each row is the estimate of its own flags.
+#[test]
+fn plan_auto() {
+    let base = [
+        LLAMA, "--seq", "128", "--batch", "2", "--optim", "adamw", "--dtype", "bf16", "--device",
+        "cpu",
+    ];
+    let mut a = base.to_vec();
+    a.extend([
+        "--gpus", "16", "--plan", "auto", "--budget", "400MiB", "--format", "json",
+    ]);
+    let out = memest(&a);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    assert_eq!(plans.len(), 12);
+    let checked: Vec<u64> = plans
+        .iter()
+        .map(|p| p["checked_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(checked.windows(2).all(|w| w[0] <= w[1]), "{checked:?}");
+    let fsdp = plans
+        .iter()
+        .find(|p| p["description"] == "FSDP full-shard over 16 GPUs")
+        .expect("full-shard");
+    let mut b = base.to_vec();
+    b.extend(["--gpus", "16", "--fsdp", "full-shard"]);
+    assert_eq!(fsdp["peak_bytes"], report(&b)["peak_bytes"]);
+    let ddp = plans
+        .iter()
+        .find(|p| p["description"].as_str().unwrap().starts_with("DDP"))
+        .unwrap();
+    assert_eq!(ddp["fits"], false);
+    assert_eq!(fsdp["fits"], true);
+}
