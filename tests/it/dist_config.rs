@@ -459,3 +459,67 @@ fn plan_auto() {
     assert_eq!(ddp["fits"], false);
     assert_eq!(fsdp["fits"], true);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 12,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(9),
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// For random ZeRO plans, sharding and offload neither lose nor invent bytes. With `n` =
+    /// 44,044,800 elements over `dp` ranks:
+    ///
+    /// - AdamW's moments per GPU × `dp` are the flat group padded to a multiple of `2·dp`
+    ///   (ZeRO's alignment) times 8 bytes, and each rank keeps one 4-byte `step` where the whole
+    ///   model keeps one per tensor (39): `per_gpu · dp − 4·dp − 8·pad = unsharded − 156`;
+    /// - ZeRO-2's gradient partitions likewise: `per_gpu · dp − 4·pad = unsharded`;
+    /// - ZeRO-3's parameters: each tensor padded to a multiple of `dp`;
+    /// - with `--offload optimizer` the host holds what the GPU no longer does (state, master
+    ///   partition) plus the float32 gradient partition and the staging buffer (ZeRO-1/2) or
+    ///   the gradient partitions (ZeRO-3), and the GPU's parameters are unchanged.
+    #[test]
+    fn sharding_and_offload_keep_every_byte(dp in 1u64..=64, stage in 1u8..=3) {
+        let n: u64 = 44_044_800;
+        let gpus = dp.to_string();
+        let zero = stage.to_string();
+        let base = ["--gpus", gpus.as_str(), "--zero", zero.as_str(), "--reduce-bucket-size", "5000000", "--batch", "2", "--optim", "adamw"];
+        let plain = report(&with(&base));
+        let mut off = base.to_vec();
+        off.extend(["--offload", "optimizer"]);
+        let offloaded = report(&with(&off));
+        let whole = |k: &str| plain["parallel"]["unsharded"][k].as_u64().unwrap();
+        let per = |k: &str| plain["parallel"]["per_gpu"][k].as_u64().unwrap();
+        let padded = n.div_ceil(2 * dp) * 2 * dp;
+        if stage < 3 {
+            proptest::prop_assert_eq!(per("optimizer_state_bytes") * dp - 4 * dp - 8 * (padded - n), whole("optimizer_state_bytes") - 156);
+        }
+        if stage == 2 {
+            proptest::prop_assert_eq!(per("gradients_bytes") * dp - 4 * (padded - n), whole("gradients_bytes"));
+        }
+        if stage == 3 {
+            // Every tensor of the tiny Llama: 32,000 × 512 twice, 4 × (512² · 2 + 512·128 · 2 +
+            // 3 · 512·1408 + 2 · 512), and the final norm's 512.
+            let mut sizes = vec![16_384_000u64, 16_384_000, 512];
+            for _ in 0..4 {
+                sizes.extend([262_144, 65_536, 65_536, 262_144, 720_896, 720_896, 720_896, 512, 512]);
+            }
+            proptest::prop_assert_eq!(sizes.iter().sum::<u64>(), n);
+            let padded3: u64 = sizes.iter().map(|s| s.div_ceil(dp) * dp).sum();
+            proptest::prop_assert_eq!(per("parameters_bytes") * dp, 4 * padded3);
+        }
+        let extra = if stage < 3 {
+            u(&plain, "master_weights_bytes") + 65_536_000
+        } else {
+            u(&plain, "master_weights_bytes") + per("gradients_bytes")
+        };
+        proptest::prop_assert_eq!(
+            parallel(&offloaded, "cpu_bytes"),
+            u(&plain, "optimizer_state_bytes") + u(&plain, "master_weights_bytes") + extra
+        );
+        proptest::prop_assert_eq!(u(&offloaded, "optimizer_state_bytes"), 0);
+        proptest::prop_assert_eq!(u(&offloaded, "master_weights_bytes"), 0);
+        proptest::prop_assert_eq!(u(&offloaded, "parameters_bytes"), u(&plain, "parameters_bytes"));
+    }
+}
