@@ -672,7 +672,13 @@ impl Cli {
             gpus_per_node: self.gpus_per_node,
             reduce_bucket_size: self.reduce_bucket_size,
             offload: self.offload,
-            config: config.clone(),
+            // The searches vary the world size, which a config's train_batch_size would fix.
+            config: config.clone().map(|c| memest::parallel::ConfigPlan {
+                train_batch: c
+                    .train_batch
+                    .filter(|_| !self.min_gpus && self.plan.is_none()),
+                ..c
+            }),
             batch_and_accum: (batch, grad_accum),
         };
         let overrides = Overrides {

@@ -123,6 +123,15 @@ fn min_gpus(
             "--min-gpus needs a --budget or a --gpu (the memory of one GPU)",
         )
     })?;
+    // A config's `train_batch_size` fixes the world size; the search varies it (the global
+    // batch grows with the ranks, as it does when a job moves to more GPUs).
+    let flags = &parallel::PlanFlags {
+        config: flags.config.clone().map(|c| parallel::ConfigPlan {
+            train_batch: None,
+            ..c
+        }),
+        ..flags.clone()
+    };
     let probe = parallel::PlanFlags {
         gpus: flags.gpus.or(Some(1)),
         ..flags.clone()
@@ -284,6 +293,7 @@ pub fn run_plans(
                     cfg.engine = None;
                 }
                 cfg.offload = parallel::Offload::none();
+                cfg.train_batch = None;
                 cfg
             }),
             ..c

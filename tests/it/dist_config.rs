@@ -414,6 +414,20 @@ fn min_gpus() {
     ]);
     assert_eq!(r["parallel"]["min_gpus"]["gpus"], Value::Null);
     assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 2);
+    // A config's train_batch_size (16 = 2 × 1 × 8) does not pin the search's world size.
+    let r = report(&[
+        LLAMA,
+        "--seq",
+        "128",
+        "--device",
+        "cpu",
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero2_offload.json",
+        "--min-gpus",
+        "--budget",
+        "500MiB",
+    ]);
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], 1);
     let out = memest(&[LLAMA, "--zero", "3", "--min-gpus"]);
     assert_eq!(code(&out), 2);
     assert!(
