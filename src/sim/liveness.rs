@@ -21,10 +21,18 @@ pub(super) struct Liveness {
     pub bwd_free_at: TiVec<StorageId, Option<usize>>,
     /// Held by the caller until the step ends (the model output and the loss).
     pub held: TiVec<StorageId, bool>,
+    /// The forward step after which the base model's `forward` has returned and its locals
+    /// ([`Tape::forward_held`]) are gone.
+    pub returns: usize,
     /// For each checkpointed segment, the activations it reads from outside, its input first:
     /// reentrant checkpointing saves the block's tensor arguments (the input, and e.g. the
-    /// encoder output or a position bias) until its backward.
+    /// encoder output or a position bias) until its backward. After them come the tensors
+    /// its operators keep that are no value it reads (the rotary `cos`/`sin` passed to each
+    /// layer): the checkpoint keeps them alive too, but `saved_tensors_hooks` never sees them.
     pub seg_inputs: TiVec<SegmentId, Vec<StorageId>>,
+    /// For each checkpointed segment, how many of [`Liveness::seg_inputs`] are read as values
+    /// (the ones counted as saved activations).
+    pub seg_values: TiVec<SegmentId, usize>,
 }
 
 impl Liveness {
@@ -52,7 +60,18 @@ impl Liveness {
                 earliest(&mut bwd_free_at[s], i);
             }
         }
-        let seg_inputs: TiVec<SegmentId, Vec<StorageId>> = tape
+        // The base model's forward returns after its layer stack (and its final norm, the
+        // step after the last block); without a repeated stack, at the end of forward.
+        let returns = tape
+            .blocks
+            .last()
+            .map_or(tape.steps.len(), |b| b.end.saturating_add(1))
+            .min(tape.steps.len())
+            .saturating_sub(1);
+        for &s in &tape.forward_held {
+            last_use[s] = last_use[s].max(returns);
+        }
+        let seg_inputs: Vec<(Vec<StorageId>, usize)> = tape
             .segments
             .iter()
             .map(|seg| {
@@ -62,20 +81,31 @@ impl Liveness {
                     .flat_map(|st| st.allocs.iter().copied())
                     .collect();
                 let mut outside = vec![seg.input];
+                let add = |outside: &mut Vec<StorageId>, s: StorageId| {
+                    if tape.storages[s].kind == StorageKind::Activation
+                        && !inside.contains(&s)
+                        && !outside.contains(&s)
+                    {
+                        outside.push(s);
+                    }
+                };
+                // What it reads as values, then what it keeps that is no value.
                 for st in steps {
                     for &v in &st.inputs {
-                        let s = tape.values[v].storage;
-                        if tape.storages[s].kind == StorageKind::Activation
-                            && !inside.contains(&s)
-                            && !outside.contains(&s)
-                        {
-                            outside.push(s);
-                        }
+                        add(&mut outside, tape.values[v].storage);
                     }
                 }
-                outside
+                let values = outside.len();
+                for st in steps {
+                    for &s in &st.saves {
+                        add(&mut outside, s);
+                    }
+                }
+                (outside, values)
             })
             .collect();
+        let (seg_inputs, seg_values): (TiVec<SegmentId, _>, TiVec<SegmentId, _>) =
+            seg_inputs.into_iter().unzip();
         for (seg, inputs) in tape.segments.iter().zip(&seg_inputs) {
             for &s in inputs {
                 saved_fwd[s] = true;
@@ -87,7 +117,9 @@ impl Liveness {
             saved_fwd,
             bwd_free_at,
             held,
+            returns,
             seg_inputs,
+            seg_values,
         }
     }
 
@@ -143,8 +175,10 @@ impl SavedBytes {
             }
         }
         // Checkpoint inputs saved outside any step's own saves.
-        for s in live.seg_inputs.iter().flatten().copied() {
-            count(s, tape.storages[s].layer);
+        for (inputs, &n) in live.seg_inputs.iter().zip(&live.seg_values) {
+            for &s in &inputs[..n] {
+                count(s, tape.storages[s].layer);
+            }
         }
         SavedBytes { total, by_layer }
     }

@@ -463,7 +463,12 @@ impl<'a> Replay<'a> {
                 self.alloc(s);
             }
             self.check(Phase::Forward, Some(step.layer), At::Forward(i));
-            for s in touched(tape, i) {
+            let locals = if i == facts.returns {
+                &tape.forward_held[..]
+            } else {
+                &[]
+            };
+            for s in touched(tape, i).chain(locals.iter().copied()) {
                 let free = match tape.storages[s].kind {
                     StorageKind::Activation => true,
                     // Tensors from before the pass die at their last use; nothing saves them.

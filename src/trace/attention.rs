@@ -461,7 +461,7 @@ impl Tracer<'_> {
         // A float attention mask is kept too.
         inputs.extend(bias);
         let call = Call::new(AtenOp::FlashAttention, inputs, vec![out]);
-        self.call(call.aux(vec![lse]).allocs(vec![lse]))?;
+        self.call(call.aux(vec![lse]).results(vec![lse]))?;
         Ok(out)
     }
 

@@ -18,8 +18,14 @@ pub(super) struct Call {
     /// Tensors the rule may name that are not values ([`Saved::Aux`]): further results
     /// (statistics, indices, masks) and arguments such as group offsets or labels.
     pub aux: Vec<StorageId>,
-    /// Storages the operator allocates besides its outputs (its further results, workspace).
+    /// Storages the operator allocates before its outputs (a copy or mask it computes from,
+    /// workspace).
     pub allocs: Vec<StorageId>,
+    /// Its further results (statistics, indices, masks, log-sum-exp), allocated after its
+    /// outputs, as the CUDA kernels allocate them in the order of the operator's schema (e.g.
+    /// `layer_norm_cuda`: `Y`, then `mean`, `rstd`; `dropout_cuda`: the output, then the mask).
+    /// The order places the tensors in the caching allocator's blocks ([`crate::alloc`]).
+    pub results: Vec<StorageId>,
     /// The backward hands a view of the output's gradient to the input (views, reshapes).
     pub view_grad: bool,
 }
@@ -33,6 +39,7 @@ impl Call {
             outputs,
             aux: Vec::new(),
             allocs: Vec::new(),
+            results: Vec::new(),
             view_grad: false,
         }
     }
@@ -43,9 +50,15 @@ impl Call {
         self
     }
 
-    /// With storages it allocates besides its outputs.
+    /// With storages it allocates before its outputs.
     pub(super) fn allocs(mut self, allocs: Vec<StorageId>) -> Call {
         self.allocs = allocs;
+        self
+    }
+
+    /// With further results, allocated after its outputs.
+    pub(super) fn results(mut self, results: Vec<StorageId>) -> Call {
+        self.results = results;
         self
     }
 
@@ -98,21 +111,29 @@ impl Tracer<'_> {
                 saves.push(self.sid(b));
             }
         }
-        self.push(Step {
-            op: c.op,
-            inputs: c.inputs,
-            outputs: c.outputs,
-            allocs,
-            saves,
-            view_grad: c.view_grad,
-            ..self.blank()
-        });
+        self.push_with(
+            Step {
+                op: c.op,
+                inputs: c.inputs,
+                outputs: c.outputs,
+                allocs,
+                saves,
+                view_grad: c.view_grad,
+                ..self.blank()
+            },
+            c.results,
+        );
         Ok(())
     }
 
     /// Records a step. Outside training, or when nothing it reads requires a gradient, autograd
     /// records no node: nothing is saved and no gradient flows.
-    pub(super) fn push(&mut self, mut step: Step) {
+    pub(super) fn push(&mut self, step: Step) {
+        self.push_with(step, Vec::new());
+    }
+
+    /// [`Tracer::push`], with further results allocated after the outputs.
+    fn push_with(&mut self, mut step: Step, results: Vec<StorageId>) {
         let records = self.records(&step.inputs);
         if records {
             step.grads = step
@@ -133,6 +154,11 @@ impl Tracer<'_> {
                 .iter()
                 .any(|&i| self.tape.values[i].storage == s);
             if fresh && !step.allocs.contains(&s) {
+                step.allocs.push(s);
+            }
+        }
+        for s in results {
+            if !step.allocs.contains(&s) {
                 step.allocs.push(s);
             }
         }

@@ -94,11 +94,13 @@ impl Tracer<'_> {
         } else {
             self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?
         };
-        self.call(
-            Call::new(AtenOp::Dropout, vec![x], vec![y])
-                .aux(vec![mask])
-                .allocs(vec![mask]),
-        )?;
+        let call = Call::new(AtenOp::Dropout, vec![x], vec![y]).aux(vec![mask]);
+        // `native_dropout`'s mask is its second result; the noise is drawn before the product.
+        self.call(if mask_dtype == DType::Bool {
+            call.results(vec![mask])
+        } else {
+            call.allocs(vec![mask])
+        })?;
         Ok(y)
     }
 
@@ -393,14 +395,16 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "total_weight",
         )?;
-        let mut allocs = vec![total_weight];
-        if target != labels {
-            allocs.push(target);
-        }
+        let allocs = if target == labels {
+            Vec::new()
+        } else {
+            vec![target]
+        };
         self.call(
             Call::new(AtenOp::NllLoss, vec![lp], vec![loss])
                 .aux(vec![target, total_weight])
-                .allocs(allocs),
+                .allocs(allocs)
+                .results(vec![total_weight]),
         )?;
         self.tape.held.push(self.sid(loss));
         Ok(loss)
@@ -480,7 +484,7 @@ impl Tracer<'_> {
                 StorageKind::Activation,
                 "total_weight",
             )?;
-            let mut allocs = vec![total_weight];
+            let mut allocs = Vec::new();
             if ce.shift && i == 0 {
                 // The recipe shifts the labels by `hstack` with an ignore column: a new tensor.
                 target = self.storage(
@@ -494,7 +498,8 @@ impl Tracer<'_> {
             self.call(
                 Call::new(AtenOp::NllLoss, vec![lp], vec![piece_loss])
                     .aux(vec![target, total_weight])
-                    .allocs(allocs),
+                    .allocs(allocs)
+                    .results(vec![total_weight]),
             )?;
             self.tape.held.push(self.sid(piece_loss));
             loss = piece_loss;

@@ -37,7 +37,7 @@ impl Tracer<'_> {
             "top-k indices",
         )?;
         let call = Call::new(AtenOp::Topk, vec![probs], vec![topv]);
-        self.call(call.aux(vec![idx]).allocs(vec![idx]))?;
+        self.call(call.aux(vec![idx]).results(vec![idx]))?;
         let weights = if c.normalize_topk {
             let sum = self.storage(
                 &Shape::from([t, 1]),

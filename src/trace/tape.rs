@@ -231,6 +231,11 @@ pub struct Tape {
     pub layers: TiVec<LayerId, LayerInfo>,
     /// Storages the caller keeps until the step ends: the model output and the loss.
     pub held: Vec<StorageId>,
+    /// Storages a local variable of the model's `forward` keeps until the forward pass ends
+    /// (transformers' `position_embeddings`: the rotary `cos`/`sin`, computed once in the base
+    /// model's `forward` and passed to every layer); after that, only autograd's saves keep
+    /// them, and backward frees them as any saved tensor.
+    pub forward_held: Vec<StorageId>,
     /// Checkpointed segments.
     pub segments: TiVec<SegmentId, Segment>,
     /// The step ranges of each copy of an outermost repeated block, in order: the units an

@@ -198,7 +198,7 @@ impl Tracer<'_> {
         let cos = self.storage(&table, dt, StorageKind::Activation, "rope cos")?;
         let sin = self.storage(&table, dt, StorageKind::Activation, "rope sin")?;
         self.call(Call::new(AtenOp::RotaryTables, Vec::new(), Vec::new()).allocs(vec![cos, sin]))?;
-        self.tape.held.extend([cos, sin]);
+        self.tape.forward_held.extend([cos, sin]);
         self.rope = Some(Rope {
             cos,
             sin,

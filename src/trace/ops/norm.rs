@@ -88,7 +88,7 @@ impl Tracer<'_> {
             stats = vec![mean, invstd];
         }
         let call = Call::new(AtenOp::NativeBatchNorm, ins, vec![y]);
-        self.call(call.aux(stats.clone()).allocs(stats))?;
+        self.call(call.aux(stats.clone()).results(stats))?;
         Ok(y)
     }
 
@@ -198,7 +198,7 @@ impl Tracer<'_> {
         let rstd = self.storage(&stats, sdt, StorageKind::Activation, "rstd")?;
         debug_assert_eq!(ins[0], xin);
         let call = Call::new(op, ins, vec![y]);
-        self.call(call.aux(vec![mean, rstd]).allocs(vec![mean, rstd]))?;
+        self.call(call.aux(vec![mean, rstd]).results(vec![mean, rstd]))?;
         Ok(y)
     }
 }

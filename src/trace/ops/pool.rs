@@ -41,7 +41,7 @@ impl Tracer<'_> {
         let y = self.fresh(shape.clone(), xv.dtype, "output", xv.requires_grad)?;
         let idx = self.storage(&shape, DType::Int64, StorageKind::Activation, "indices")?;
         let call = Call::new(AtenOp::MaxPool2dWithIndices, vec![x], vec![y]);
-        self.call(call.aux(vec![idx]).allocs(vec![idx]))?;
+        self.call(call.aux(vec![idx]).results(vec![idx]))?;
         Ok(y)
     }
 
