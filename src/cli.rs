@@ -33,6 +33,10 @@ pub struct Cli {
     /// Sequence length for token inputs.
     #[arg(long, value_parser = parse_positive)]
     seq: Option<u64>,
+    /// Target sequence length: the length of an encoder-decoder's second input (a model
+    /// input dimension "target_seq", e.g. Whisper's decoder ids).
+    #[arg(long, value_parser = parse_positive)]
+    target_seq: Option<u64>,
     /// Optimizer whose state is counted.
     #[arg(long, value_parser = VocabParser::<Optimizer>::new())]
     optim: Option<Optimizer>,
@@ -684,6 +688,7 @@ impl Cli {
         let overrides = Overrides {
             batch,
             seq: self.context.or(self.prompt).or(self.seq),
+            target_seq: self.target_seq,
             dtype,
             optimizer: self.optim.or(cfg.and_then(|c| c.optimizer)),
             optimizer_impl: self.optim_impl,

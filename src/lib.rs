@@ -439,7 +439,7 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
             .warnings
             .push(report::Warning::AttentionWithoutAttention);
     }
-    if o.seq.is_some() && !spec.input.shape.contains(&spec::DimSpec::Seq) {
+    if o.seq.is_some() && !spec_has_dim(spec, &spec::DimSpec::Seq) {
         report.warnings.insert(0, report::Warning::SeqWithoutSeqDim);
     }
     if o.expandable_segments && report.reserved_peak_bytes.is_none() {
@@ -660,6 +660,11 @@ enum Repeats {
     Unrolled,
 }
 
+/// Whether the model's first input or one of its named inputs has the dimension `d`.
+fn spec_has_dim(spec: &spec::ModelSpec, d: &spec::DimSpec) -> bool {
+    spec.input.shape.contains(d) || spec.inputs.values().any(|i| i.shape.contains(d))
+}
+
 fn estimate_with(
     spec: &spec::ModelSpec,
     name: &str,
@@ -673,9 +678,12 @@ fn estimate_with(
     if let Some(plan) = &mut settings.parallel {
         plan.fill_auto(hidden_size(&spec.layers));
     }
-    if !model.input_dims.contains(&spec::DimSpec::Seq) {
+    if !spec_has_dim(spec, &spec::DimSpec::Seq) {
         // Without a "seq" dimension a sequence length sets nothing (a warning says so).
         settings.seq = None;
+    }
+    if !spec_has_dim(spec, &spec::DimSpec::TargetSeq) {
+        settings.target_seq = None;
     }
     if settings.mode == settings::Mode::Generate {
         if has_kind(&spec.layers, spec::LayerKind::CrossAttention)

@@ -19,6 +19,7 @@ pub use crate::vocab::{AttentionImpl, BudgetOn, Device, Mode};
 pub struct Overrides {
     pub batch: Option<u64>,
     pub seq: Option<u64>,
+    pub target_seq: Option<u64>,
     pub dtype: Option<DType>,
     pub optimizer: Option<Optimizer>,
     pub optimizer_impl: Option<OptimizerImpl>,
@@ -262,6 +263,10 @@ pub struct Settings {
     pub batch: u64,
     /// Sequence length, when the input has a `"seq"` dimension.
     pub seq: Option<u64>,
+    /// Target sequence length, when an input has a `"target_seq"` dimension (an
+    /// encoder-decoder's decoder input).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_seq: Option<u64>,
     /// dtype of parameters (and of activations unless `amp` is set).
     pub dtype: DType,
     /// Optimizer (training only).
@@ -388,6 +393,13 @@ impl Settings {
             return Err(Error::setting(
                 SettingKey::Seq,
                 "sequence length must be at least 1",
+            ));
+        }
+        let target_seq = o.target_seq.or(defaults.target_seq);
+        if target_seq == Some(0) {
+            return Err(Error::setting(
+                SettingKey::Seq,
+                "target sequence length must be at least 1",
             ));
         }
         let mode = o.mode.or(defaults.mode).unwrap_or(Mode::Train);
@@ -535,6 +547,7 @@ impl Settings {
         Ok(Settings {
             batch,
             seq,
+            target_seq,
             dtype,
             optimizer: (mode == Mode::Train).then_some(optimizer),
             optimizer_impl,

@@ -69,8 +69,14 @@ pub struct ModelSpec {
     /// go past its `num_positions` at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_positions: Option<u64>,
-    /// The model's input, per sample (no batch dimension).
+    /// The model's input, per sample (no batch dimension): the first layer reads it, and so does
+    /// any layer that names `input`.
     pub input: InputSpec,
+    /// More named inputs (`[inputs.decoder_input_ids]`, `[inputs.pixel_values]`): each a
+    /// tensor of the batch, read by the layers that name it in their `inputs` (an
+    /// encoder-decoder's target ids, an image beside a text). Empty for a one-input model.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub inputs: std::collections::BTreeMap<String, InputSpec>,
     /// Defaults for the run settings; command-line flags override them.
     #[serde(default)]
     pub defaults: DefaultsSpec,
@@ -98,6 +104,9 @@ pub enum DimSpec {
     Fixed(u64),
     /// The sequence length (`--seq`, or `defaults.seq`).
     Seq,
+    /// The target sequence length of an encoder-decoder's second input (`--target-seq`, or
+    /// `defaults.target_seq`).
+    TargetSeq,
 }
 
 impl Serialize for DimSpec {
@@ -105,6 +114,7 @@ impl Serialize for DimSpec {
         match self {
             DimSpec::Fixed(v) => s.serialize_u64(*v),
             DimSpec::Seq => s.serialize_str("seq"),
+            DimSpec::TargetSeq => s.serialize_str("target_seq"),
         }
     }
 }
@@ -115,7 +125,7 @@ impl<'de> Deserialize<'de> for DimSpec {
         impl serde::de::Visitor<'_> for V {
             type Value = DimSpec;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a positive integer or the string \"seq\"")
+                f.write_str("a positive integer or the string \"seq\" or \"target_seq\"")
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<DimSpec, E> {
                 Ok(DimSpec::Fixed(v))
@@ -130,9 +140,11 @@ impl<'de> Deserialize<'de> for DimSpec {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DimSpec, E> {
                 if v == "seq" {
                     Ok(DimSpec::Seq)
+                } else if v == "target_seq" {
+                    Ok(DimSpec::TargetSeq)
                 } else {
                     Err(E::custom(format!(
-                        "invalid dimension \"{v}\", expected a positive integer or \"seq\""
+                        "invalid dimension \"{v}\", expected a positive integer, \"seq\" or \"target_seq\""
                     )))
                 }
             }
@@ -151,6 +163,10 @@ pub struct DefaultsSpec {
     /// Sequence length for `"seq"` input dimensions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
+    /// Target sequence length for `"target_seq"` input dimensions (an encoder-decoder's
+    /// decoder input).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_seq: Option<u64>,
     /// dtype of parameters and activations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<DType>,

@@ -51,6 +51,9 @@ pub struct Model {
     pub input_dims: Vec<DimSpec>,
     /// Input dtype when given (an integer type means token ids).
     pub input_dtype: Option<DType>,
+    /// The further named inputs (`ModelSpec::inputs`), in name order: name, dimensions after
+    /// the batch, dtype.
+    pub extra_inputs: Vec<(String, Vec<DimSpec>, Option<DType>)>,
     /// The file's defaults for the run settings.
     pub defaults: DefaultsSpec,
     /// Top-level layers in forward order.
@@ -205,12 +208,34 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
             ));
         }
     }
+    for (name, input) in &spec.inputs {
+        if name == INPUT || name.is_empty() {
+            return Err(Error::Model(format!(
+                "inputs.{name:?}: the name `{INPUT}` is the first input's (`[input]`); name the others differently"
+            )));
+        }
+        if input.shape.is_empty() || input.shape.contains(&DimSpec::Fixed(0)) {
+            return Err(Error::Model(format!(
+                "inputs.{name}.shape must give positive dimensions after the batch, e.g. [\"seq\"]"
+            )));
+        }
+        if spec
+            .layers
+            .iter()
+            .any(|l| l.name.as_deref() == Some(name.as_str()))
+        {
+            return Err(Error::Model(format!(
+                "`{name}` names both an input and a layer"
+            )));
+        }
+    }
     if spec.layers.is_empty() {
         return Err(Error::Model(
             "the model has no layers: add at least one [[layers]] entry".into(),
         ));
     }
-    let mut scopes: Vec<HashSet<String>> = Vec::new();
+    // The named inputs are visible to every layer, as the outermost scope.
+    let mut scopes: Vec<HashSet<String>> = vec![spec.inputs.keys().cloned().collect()];
     let layers = build_layers(&spec.layers, &LayerAt::default(), &mut scopes, true)?;
     Ok(Model {
         name: spec
@@ -219,6 +244,11 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
             .unwrap_or_else(|| default_name.to_string()),
         input_dims: spec.input.shape.clone(),
         input_dtype: spec.input.dtype,
+        extra_inputs: spec
+            .inputs
+            .iter()
+            .map(|(n, i)| (n.clone(), i.shape.clone(), i.dtype))
+            .collect(),
         defaults: spec.defaults.clone(),
         layers,
     })

@@ -497,6 +497,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
         description: Some(description),
         max_positions,
         input,
+        inputs: std::collections::BTreeMap::new(),
         defaults: DefaultsSpec {
             seq: image.is_none().then(|| seq.clamp(1, DEFAULT_MAX_SEQ)),
             dtype,

@@ -107,21 +107,30 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         lora_matched: Vec::new(),
         lora_modules: Vec::new(),
     };
-    let mut dims = vec![settings.batch];
-    for d in &model.input_dims {
-        dims.push(match d {
-            DimSpec::Fixed(v) => *v,
-            DimSpec::Seq if matches!(pass, Pass::Decode { .. }) => 1,
-            DimSpec::Seq => settings.seq.ok_or_else(|| {
-                Error::setting(SettingKey::Seq, "the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq")
-            })?,
-        });
-    }
-    let shape = Shape::new(dims);
-    let dtype = match model.input_dtype {
+    let input_shape = |dims_spec: &[DimSpec]| -> Result<Shape, Error> {
+        let mut dims = vec![settings.batch];
+        for d in dims_spec {
+            dims.push(match d {
+                DimSpec::Fixed(v) => *v,
+                DimSpec::Seq if matches!(pass, Pass::Decode { .. }) => 1,
+                DimSpec::Seq => settings.seq.ok_or_else(|| {
+                    Error::setting(SettingKey::Seq, "the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq")
+                })?,
+                DimSpec::TargetSeq => settings.target_seq.ok_or_else(|| {
+                    Error::setting(SettingKey::Seq, "an input has a \"target_seq\" dimension: give its length with --target-seq or defaults.target_seq")
+                })?,
+            });
+        }
+        Ok(Shape::new(dims))
+    };
+    // A float input follows the model's dtype (float32 under autocast), as `model.to(dtype)`
+    // inputs do; an integer one (token ids) keeps its own.
+    let input_dtype = |d: Option<DType>| match d {
         Some(d) if !d.is_float() => d,
         _ => settings.amp.map_or(settings.dtype, |_| DType::Float32),
     };
+    let shape = input_shape(&model.input_dims)?;
+    let dtype = input_dtype(model.input_dtype);
     t.tape.input_shape = shape.clone();
     t.tape.layers.push(LayerInfo {
         path: INPUT.into(),
@@ -135,7 +144,15 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
     });
     let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
     let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
-    let mut scopes = vec![HashMap::from([(INPUT, input)])];
+    let mut top = HashMap::from([(INPUT, input)]);
+    for (name, dims, d) in &model.extra_inputs {
+        let shape = input_shape(dims)?;
+        let dtype = input_dtype(*d);
+        let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
+        let v = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
+        top.insert(name.as_str(), v);
+    }
+    let mut scopes = vec![top];
     let out = t.layers(&model.layers, input, &mut scopes, "", 1)?;
     if let Some(lora) = &settings.lora {
         // PEFT refuses target modules that match nothing; so does memest, entry by entry.

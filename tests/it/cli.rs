@@ -799,3 +799,48 @@ fn device_defaults_to_cuda_and_the_file_and_flag_override_it() {
         "cuda"
     );
 }
+
+/// Named inputs: `[inputs.decoder_input_ids]` with a `"target_seq"` dimension is a second
+/// batch tensor, read by the layer that names it; `--target-seq` sets its length over the
+/// file's `defaults.target_seq`.
+#[test]
+fn a_second_named_input_has_its_own_length() {
+    const FILE: &str = "tests/fixtures/two_inputs_seq2seq.toml";
+    let r = report(&[FILE, "--device", "cpu"]);
+    // int64 ids: source 2 × 32 and target 2 × 8, 8 bytes each.
+    assert_eq!(u(&r, "input_bytes"), 2 * 32 * 8 + 2 * 8 * 8);
+    assert_eq!(r["settings"]["target_seq"], 8);
+    let layer = |r: &Value, name: &str| {
+        r["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap()["output_shape"]
+            .clone()
+    };
+    assert_eq!(layer(&r, "decoder.embed"), serde_json::json!([2, 8, 64]));
+    assert_eq!(layer(&r, "lm_head"), serde_json::json!([2, 8, 100]));
+    let longer = report(&[FILE, "--device", "cpu", "--target-seq", "16"]);
+    assert_eq!(u(&longer, "input_bytes"), 2 * 32 * 8 + 2 * 16 * 8);
+    assert_eq!(layer(&longer, "lm_head"), serde_json::json!([2, 16, 100]));
+    assert!(u(&longer, "activations_bytes") > u(&r, "activations_bytes"));
+    // A model without a "target_seq" dimension leaves it out of the settings.
+    assert!(report(&[MLP])["settings"].get("target_seq").is_none());
+}
+
+/// A named input must not shadow `input` or a layer.
+#[test]
+fn named_inputs_are_checked() {
+    let bad = TempModel::new(
+        "toml",
+        "[input]\nshape = [\"seq\"]\ndtype = \"int64\"\n[inputs.input]\nshape = [4]\n[[layers]]\nkind = \"embedding\"\nnum_embeddings = 10\nembedding_dim = 4\n",
+    );
+    let out = memest(&[bad.path().to_str().unwrap(), "--seq", "4"]);
+    assert_eq!(code(&out), 2, "{}", describe(&out));
+    assert!(
+        stderr(&out).contains("the first input's"),
+        "{}",
+        stderr(&out)
+    );
+}
