@@ -204,7 +204,39 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
             t.tape.held.push(t.tape.values[loss].storage);
         }
     }
+    if settings.training() {
+        prune_unreached(&mut t.tape);
+    }
     Ok(t.tape)
+}
+
+/// Backward runs only the operators on a path to the loss (the last step's outputs): an
+/// operator whose outputs reach it through no later operator (a side branch such as CLIP's
+/// pooled `post_layernorm`, which `last_hidden_state.sum()` does not read) computes no
+/// gradient, and a parameter that only such operators read gets no `.grad` and so no optimizer
+/// state (it stays counted). What those operators saved is still kept, as autograd kept it.
+fn prune_unreached(tape: &mut Tape) {
+    let Some(last) = tape.steps.last() else {
+        return;
+    };
+    let mut reached: std::collections::HashSet<ValueId> = last.outputs.iter().copied().collect();
+    let mut live = vec![false; tape.steps.len()];
+    for (i, step) in tape.steps.iter().enumerate().rev() {
+        if step.outputs.iter().any(|o| reached.contains(o)) {
+            live[i] = true;
+            reached.extend(step.inputs.iter().copied());
+        }
+    }
+    for (step, live) in tape.steps.iter_mut().zip(live) {
+        if !live {
+            step.grads.clear();
+        }
+    }
+    for p in &mut tape.params {
+        if p.trainable && !reached.contains(&p.value) {
+            p.trainable = false;
+        }
+    }
 }
 
 struct Tracer<'a> {

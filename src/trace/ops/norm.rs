@@ -106,8 +106,20 @@ impl Tracer<'_> {
         } else {
             x
         };
-        // native_layer_norm works on `input.contiguous()`.
-        let xin = self.contiguous(xin)?;
+        // `layer_norm_cpu`/`layer_norm_cuda` work on `input.expect_contiguous()`: a strided input
+        // (CLIP's pooled `last_hidden_state[:, 0, :]`) is copied inside the kernel, and autograd
+        // keeps the input as passed (ATen's `native/layer_norm.cpp`).
+        let kernel_copy = if self.val(xin).layout == Layout::Contiguous {
+            None
+        } else {
+            let v = self.val(xin).clone();
+            Some(self.storage(
+                &v.shape,
+                v.dtype,
+                StorageKind::Activation,
+                "contiguous copy",
+            )?)
+        };
         let mut ins = vec![xin];
         if c.affine {
             ins.push(self.param(Shape::from([h]), train)?);
@@ -117,7 +129,14 @@ impl Tracer<'_> {
         }
         let rows = xv.shape.with_last(1);
         // derivatives.yaml `native_layer_norm`: input, weight, bias, mean, rstd.
-        let y = self.norm_with_stats(AtenOp::NativeLayerNorm, xin, ins, &xv.shape, rows)?;
+        let y = self.norm_with_stats(
+            AtenOp::NativeLayerNorm,
+            xin,
+            ins,
+            &xv.shape,
+            rows,
+            kernel_copy,
+        )?;
         let yv = self.val(y).clone();
         if !c.upcast || yv.dtype == xv.dtype || self.s.amp.is_some() {
             return Ok(y);
@@ -168,6 +187,7 @@ impl Tracer<'_> {
             ins,
             &xv.shape,
             Shape::from([b, c.groups]),
+            None,
         )
     }
 
@@ -181,6 +201,7 @@ impl Tracer<'_> {
         ins: Vec<ValueId>,
         shape: &Shape,
         stats: Shape,
+        scratch: Option<StorageId>,
     ) -> Result<ValueId, Error> {
         let xd = self.val(xin).dtype;
         let rg = ins.iter().any(|&v| self.rg(v));
@@ -198,7 +219,12 @@ impl Tracer<'_> {
         let rstd = self.storage(&stats, sdt, StorageKind::Activation, "rstd")?;
         debug_assert_eq!(ins[0], xin);
         let call = Call::new(op, ins, vec![y]);
-        self.call(call.aux(vec![mean, rstd]).results(vec![mean, rstd]))?;
+        // The kernel's contiguous copy of a strided input comes before its output.
+        self.call(
+            call.aux(vec![mean, rstd])
+                .allocs(scratch.into_iter().collect())
+                .results(vec![mean, rstd]),
+        )?;
         Ok(y)
     }
 }
