@@ -231,6 +231,28 @@ pub(super) struct VisionConfig {
     pub drop_path_rate: Option<f64>,
 }
 
+/// `CLIPVisionConfig`, `CLIPTextConfig`, `SiglipVisionConfig`, `SiglipTextConfig` (a tower's own
+/// config, or the `vision_config`/`text_config` of a two-tower one): the keys [`super::clip`]
+/// reads.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ClipTowerConfig {
+    pub vocab_size: Option<u64>,
+    pub hidden_size: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub num_hidden_layers: Option<u64>,
+    pub num_attention_heads: Option<u64>,
+    pub max_position_embeddings: Option<u64>,
+    pub hidden_act: Option<String>,
+    pub attention_dropout: Option<f64>,
+    pub image_size: Option<u64>,
+    pub patch_size: Option<u64>,
+    pub num_channels: Option<u64>,
+    /// SigLIP's text `head` width (default `hidden_size`).
+    pub projection_size: Option<u64>,
+    /// SigLIP's attention-pooling vision head.
+    pub vision_use_head: Option<bool>,
+}
+
 /// A size written as one number or as a list (`image_size: 224` or `[224, 224]`).
 #[derive(Debug, Default)]
 pub(super) struct OneOrTwo(pub Vec<u64>);

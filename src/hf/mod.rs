@@ -25,6 +25,7 @@ use crate::spec::{DefaultsSpec, DimSpec, InputSpec, LayerKind, LayerSpec, ModelS
 use crate::vocab::AttentionImpl;
 
 mod bert;
+mod clip;
 mod config;
 mod decoder;
 mod gpt2;
@@ -233,6 +234,12 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("xlm-roberta", "xlmroberta", Family::Roberta),
     ("vit", "vit", Family::Vision(vision::Kind::Vit)),
     ("dinov2", "dinov2", Family::Vision(vision::Kind::Dinov2)),
+    ("clip", "clip", Family::Tower),
+    ("clip_vision_model", "clipvision", Family::Tower),
+    ("clip_text_model", "cliptext", Family::Tower),
+    ("siglip", "siglip", Family::Tower),
+    ("siglip_vision_model", "siglipvision", Family::Tower),
+    ("siglip_text_model", "sigliptext", Family::Tower),
 ];
 
 /// The `model_type`s memest can import, sorted.
@@ -422,6 +429,21 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
     let head = resolve_head(head, arch.as_deref(), family, &model_type)?;
     let mut image = None;
     let (mut layers, seq) = match family {
+        Family::Tower => {
+            let Some((kind, tower, nested)) = clip::tower_of(&model_type, arch.as_deref()) else {
+                return Err(cfg.err(format!(
+                    "{} with both towers and the contrastive loss is not supported yet; a config of one tower (…VisionModel, …TextModel) is",
+                    arch.as_deref().unwrap_or(&model_type)
+                )));
+            };
+            match clip::tower(&cfg, head, kind, tower, nested)? {
+                (layers, clip::Reads::Image { channels, size }) => {
+                    image = Some(vision::Image { channels, size });
+                    (layers, size)
+                }
+                (layers, clip::Reads::Tokens(n)) => (layers, n),
+            }
+        }
         Family::Vision(kind) => {
             let (layers, img) = vision::vision(&cfg, head, kind)?;
             image = Some(img);
@@ -476,7 +498,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
     // Relative position buckets (T5) and ALiBi (BLOOM) have no trained limit; RoPE and learned
     // tables do.
     let max_positions =
-        (!matches!(family, Family::T5 | Family::Bloom | Family::Vision(_))).then_some(seq);
+        (!matches!(family, Family::T5 | Family::Bloom) && image.is_none()).then_some(seq);
     // A vision model reads `pixel_values` `[batch, channels, size, size]` in the model's dtype.
     let input = match image {
         Some(img) => InputSpec {
@@ -581,6 +603,8 @@ enum Family {
     Starcoder2,
     /// ViT and DINOv2 (`vision.rs`), reading pixels.
     Vision(vision::Kind),
+    /// One tower of CLIP or SigLIP (`clip.rs`).
+    Tower,
 }
 
 impl Family {
@@ -616,7 +640,10 @@ fn resolve_head(
     let Some(arch) = arch else {
         // No `architectures`: the family's usual head.
         return Ok(
-            if matches!(family, Family::Bert | Family::Roberta | Family::Vision(_)) {
+            if matches!(
+                family,
+                Family::Bert | Family::Roberta | Family::Vision(_) | Family::Tower
+            ) {
                 Resolved::Bare
             } else {
                 Resolved::Lm
@@ -634,7 +661,7 @@ fn resolve_head(
         | Family::Bloom
         | Family::StableLm
         | Family::Starcoder2 => &["ForCausalLM"],
-        Family::Vision(_) => &[],
+        Family::Vision(_) | Family::Tower => &[],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)

@@ -73,6 +73,23 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/dinov2-base.json", 86_580_480),
     // facebook/dinov2-giant: SwiGLU MLP of (int(1536·4·2/3) + 7) // 8 · 8 = 4096.
     ("examples/hf/dinov2-giant.json", 1_136_480_768),
+    // The vision tower of openai/clip-vit-large-patch14-336 as LLaVA-1.5 loads it
+    // (CLIPVisionModel): patch conv without bias, class embedding, 577 positions, pre- and
+    // post-LayerNorm (the pooled branch's post_layernorm counted, without a gradient).
+    (
+        "examples/hf/clip-vit-large-patch14-336-vision.json",
+        303_507_456,
+    ),
+    // The text tower of openai/clip-vit-base-patch32 (CLIPTextModel): 77 positions, causal.
+    ("examples/hf/clip-vit-base-patch32-text.json", 63_165_952),
+    // google/siglip-base-patch16-224's vision tower with `vision_use_head` set to false (the
+    // attention-pooling head is not supported yet): no CLS token, 196 positions.
+    (
+        "examples/hf/siglip-base-patch16-224-vision-nohead.json",
+        85_797_120,
+    ),
+    // google/siglip-base-patch16-224's text tower (SiglipTextModel), with its `head`.
+    ("examples/hf/siglip-base-patch16-224-text.json", 110_271_744),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -438,7 +455,7 @@ fn estimates(spec: &memest::spec::ModelSpec) -> Vec<Value> {
     for (batch, seq, mode, checkpoint) in [
         (1, 1, Mode::Train, false),
         (3, 17, Mode::Train, true),
-        (2, 128, Mode::Infer, false),
+        (2, 64, Mode::Infer, false),
     ] {
         let overrides = Overrides {
             batch: Some(batch),

@@ -155,6 +155,10 @@ mod example {
         hf_vit_base_patch16_224 => "examples/hf/vit-base-patch16-224.json",
         hf_dinov2_base => "examples/hf/dinov2-base.json",
         hf_dinov2_giant => "examples/hf/dinov2-giant.json",
+        hf_clip_vit_large_patch14_336_vision => "examples/hf/clip-vit-large-patch14-336-vision.json",
+        hf_clip_vit_base_patch32_text => "examples/hf/clip-vit-base-patch32-text.json",
+        hf_siglip_base_patch16_224_vision_nohead => "examples/hf/siglip-base-patch16-224-vision-nohead.json",
+        hf_siglip_base_patch16_224_text => "examples/hf/siglip-base-patch16-224-text.json",
     }
 }
 
