@@ -442,6 +442,9 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
     if o.seq.is_some() && !spec_has_dim(spec, &spec::DimSpec::Seq) {
         report.warnings.insert(0, report::Warning::SeqWithoutSeqDim);
     }
+    if o.target_seq.is_some() && !spec_has_dim(spec, &spec::DimSpec::TargetSeq) {
+        report.warnings.push(report::Warning::TargetSeqWithoutDim);
+    }
     if o.expandable_segments && report.reserved_peak_bytes.is_none() {
         report
             .warnings

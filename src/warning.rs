@@ -11,6 +11,8 @@ use serde::Serialize;
 pub enum Warning {
     /// `--seq` or `--context` on a model whose input has no `"seq"` dimension.
     SeqWithoutSeqDim,
+    /// `--target-seq` on a model none of whose inputs has a `"target_seq"` dimension.
+    TargetSeqWithoutDim,
     /// `--group-size` or `--double-quant` without `--dtype int4` or `nf4`.
     QuantFlagsWithoutQuant,
     /// `--checkpoint` on a model without repeated blocks.
@@ -65,6 +67,9 @@ impl Warning {
         match self {
             Warning::SeqWithoutSeqDim => format!(
                 "--seq/--context set no length: the input of {origin} has no \"seq\" dimension"
+            ),
+            Warning::TargetSeqWithoutDim => format!(
+                "--target-seq sets no length: no input of {origin} has a \"target_seq\" dimension"
             ),
             Warning::QuantFlagsWithoutQuant => {
                 "--group-size and --double-quant apply only to --dtype int4 and nf4".to_string()

@@ -825,8 +825,15 @@ fn a_second_named_input_has_its_own_length() {
     assert_eq!(u(&longer, "input_bytes"), 2 * 32 * 8 + 2 * 16 * 8);
     assert_eq!(layer(&longer, "lm_head"), serde_json::json!([2, 16, 100]));
     assert!(u(&longer, "activations_bytes") > u(&r, "activations_bytes"));
-    // A model without a "target_seq" dimension leaves it out of the settings.
+    // A model without a "target_seq" dimension leaves it out of the settings, and says so.
     assert!(report(&[MLP])["settings"].get("target_seq").is_none());
+    let out = memest(&[MLP, "--target-seq", "4"]);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    assert!(
+        stderr(&out).contains("--target-seq sets no length"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// A named input must not shadow `input` or a layer.
