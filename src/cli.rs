@@ -156,6 +156,11 @@ pub struct Cli {
     /// cudaMalloc per segment.
     #[arg(long)]
     expandable_segments: bool,
+    /// Gradients stay allocated between steps, zeroed in place: zero_grad(set_to_none=False),
+    /// PyTorch's default before 2.0 (HF Trainer's model.zero_grad() until then); each backward
+    /// adds into them.
+    #[arg(long)]
+    keep_grads: bool,
     /// Fail (exit 1) when the estimate exceeds this size, e.g. 24GiB, 24G, 80GB, 1073741824 (G and
     /// GiB are 2^30 bytes, GB 10^9; any case).
     #[arg(long, value_parser = parse_budget)]
@@ -213,7 +218,7 @@ pub struct Cli {
             "batch", "seq", "optim", "optim_impl", "dtype", "group_size", "double_quant",
             "lora_rank", "lora_targets", "context", "prompt", "new_tokens", "loss", "kv_dtype", "max_batch", "max_context",
             "allow_long_context", "mode", "attention", "amp", "recipe", "checkpoint", "device",
-            "expandable_segments", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
+            "expandable_segments", "keep_grads", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
             "grad_accum", "optim_in_backward", "paged", "ema", "lora_dtype", "lora_dropout",
             "qlora_stack",
             "gpu", "budget_on", "cuda_context",
@@ -721,6 +726,7 @@ impl Cli {
             }
             .resolve()?,
             expandable_segments: self.expandable_segments,
+            keep_grads: self.keep_grads,
             grad_accum,
             optim_in_backward: self.optim_in_backward,
             paged: self.paged,

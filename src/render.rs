@@ -562,9 +562,14 @@ fn write_footer(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
             write!(out, "; master weights: {}", fmt(r.master_weights_bytes))?;
         }
         writeln!(out)?;
+        let grads = if s.keep_grads {
+            "gradients kept by zero_grad(set_to_none=False)"
+        } else {
+            "gradients freed by zero_grad"
+        };
         writeln!(
             out,
-            "held between steps: {} (weights, buffers, optimizer state; gradients freed by zero_grad); after forward: {}",
+            "held between steps: {} (weights, buffers, optimizer state; {grads}); after forward: {}",
             fmt(r.held_between_steps_bytes),
             fmt(r.held_after_forward_bytes)
         )?;

@@ -36,6 +36,8 @@ pub struct Overrides {
     /// `--expandable-segments`: the CUDA caching allocator runs with
     /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
     pub expandable_segments: bool,
+    /// `--keep-grads`: `zero_grad(set_to_none=False)`, the gradients stay allocated.
+    pub keep_grads: bool,
     pub grad_accum: Option<u64>,
     pub optim_in_backward: bool,
     pub paged: bool,
@@ -316,6 +318,12 @@ pub struct Settings {
     /// (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`); serialized only when on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expandable_segments: bool,
+    /// The gradients stay allocated between steps, zeroed in place
+    /// (`optimizer.zero_grad(set_to_none=False)`, PyTorch's default before 2.0): every step
+    /// starts with them and each backward adds into them (`AccumulateGrad`); training only,
+    /// serialized only when on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_grads: bool,
     /// Micro-batches per optimizer step (gradient accumulation); serialized when above 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub grad_accum: u64,
@@ -569,6 +577,7 @@ impl Settings {
             recipe,
             parallel: o.parallel.clone().filter(|_| mode == Mode::Train),
             expandable_segments: o.expandable_segments,
+            keep_grads: o.keep_grads && mode == Mode::Train,
             grad_accum,
             optim_in_backward,
             paged,

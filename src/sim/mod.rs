@@ -524,6 +524,7 @@ fn simulate_inner(
     let master_bytes = plan
         .master_bytes
         .saturating_add(dist.as_ref().map_or(0, |d| d.master_partition_bytes));
+    let keep_grads = settings.keep_grads && training && in_backward.is_none();
     let steps = |replay: &mut Replay| {
         let mut held = Held::default();
         replay.start(counted_state.saturating_add(ema_bytes), master_bytes);
@@ -544,13 +545,28 @@ fn simulate_inner(
             bwd.has_grad = more.has_grad;
             held.accumulating_peak = Some(replay.window_peak);
         }
-        let temps = if in_backward.is_some() {
+        let mut temps = if in_backward.is_some() {
             0
         } else {
             replay.optimizer_step(&plan, &bwd)
         };
         if ema_bytes > 0 {
             replay.ema_update(ema_update_bytes(tape, settings.ema));
+        }
+        if keep_grads {
+            // `zero_grad(set_to_none=False)`: the next step starts with the gradients, and its
+            // backward adds into them (a further micro-batch of accumulation is that already).
+            replay.end_micro_batch();
+            held.between_steps = replay.total().saturating_sub(replay.now(Category::Input));
+            if settings.grad_accum == 1 {
+                replay.forward(training);
+                let next = replay.backward(param_grad, Some(&bwd.has_grad), None);
+                bwd.has_grad = next.has_grad;
+                temps = replay.optimizer_step(&plan, &bwd);
+                if ema_bytes > 0 {
+                    replay.ema_update(ema_update_bytes(tape, settings.ema));
+                }
+            }
         }
         (bwd.gradient_bytes, temps, held)
     };
@@ -585,7 +601,7 @@ fn simulate_inner(
             &plan,
             training.then_some(param_grad),
             config,
-            (settings.grad_accum, in_backward),
+            (settings.grad_accum, in_backward, keep_grads),
             ema_tensors(tape, settings.ema.filter(|_| training)),
         )?)
     } else {
@@ -664,29 +680,33 @@ fn simulate_inner(
 /// Each step starts with `zero_grad(set_to_none=True)` and ends when the caller drops the
 /// output and the loss. `training` carries the backward pass's parameter-gradient dtypes, as
 /// [`simulate`] passes them; the last argument the micro-batches per step and the in-backward
-/// optimizer's per-parameter temporaries, as [`simulate`] runs them; `ema` the tensors of an
-/// EMA copy, made after the model is loaded.
+/// optimizer's per-parameter temporaries and whether `zero_grad` keeps the gradients (the
+/// measured step then adds into the warm-up step's), as [`simulate`] runs them; `ema` the
+/// tensors of an EMA copy, made after the model is loaded.
 fn allocator_peaks(
     tape: &Tape,
     facts: &Liveness,
     plan: &OptimizerPlan<ValueId>,
     training: Option<Option<(DType, DType)>>,
     config: crate::alloc::Config,
-    (grad_accum, in_backward): (u64, Option<&dyn Fn(ValueId) -> u64>),
+    (grad_accum, in_backward, keep_grads): (u64, Option<&dyn Fn(ValueId) -> u64>, bool),
     ema: impl Iterator<Item = u64>,
 ) -> Result<AllocatorPeaks, Error> {
     let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
     r.load();
     r.ema_copy(ema);
     r.optimizer_init(plan);
+    let mut kept: Option<TiVec<ValueId, bool>> = None;
     for first in [true, false] {
         if !first && let Some(h) = &mut r.heap {
             h.reset_peaks();
         }
-        r.zero_grad();
+        if kept.is_none() {
+            r.zero_grad();
+        }
         r.forward(training.is_some());
         if let Some(param_grad) = training {
-            let mut bwd = r.backward(param_grad, None, in_backward);
+            let mut bwd = r.backward(param_grad, kept.as_ref(), in_backward);
             if grad_accum > 1 {
                 r.end_micro_batch();
                 r.forward(true);
@@ -698,6 +718,9 @@ fn allocator_peaks(
             // state.
             if in_backward.is_none() || first {
                 r.optimizer_step_heap(plan, &bwd, first);
+            }
+            if keep_grads {
+                kept = Some(bwd.has_grad);
             }
         }
         r.end_step();

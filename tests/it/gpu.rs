@@ -197,21 +197,25 @@ fn the_gpu_picks_the_attention_kernel() {
 
 /// transformers' "Model training anatomy" guide
 /// (docs/source/en/model_memory_anatomy.md): bert-large-uncased, sequence classification,
-/// batch 4, seq 512, float32, the Trainer's AdamW, on a Tesla V100-SXM2-16GB with CUDA 11.2
-/// (before lazy module loading): 14,949 MiB in use after training (NVML `used // 1024**2`, what
-/// nvidia-smi shows), of which 1,343 MiB is the context it measured first.
+/// batch 4, seq 512, float32, on a Tesla V100-SXM2-16GB with driver 460.91 / CUDA 11.2
+/// (January 2022: transformers 4.15, PyTorch 1.10, no lazy module loading): 14,949 MiB in use
+/// after training (NVML `used // 1024**2`, what nvidia-smi shows), of which 1,343 MiB is the
+/// context it measured after a first `torch.ones((1, 1)).to("cuda")`.
 ///
-/// memest, given that context, reads 12,237 MiB: 18.1 % low (allocated peak 10,531 MiB,
-/// reserved 10,876 MiB, + 1,343 MiB context + 18.25 MiB cuBLAS workspaces). What it does not
-/// see: the guide's Trainer (transformers 4.15, January 2022) called `model.zero_grad()`,
-/// which before PyTorch 2.0 zeroed the gradients instead of freeing them, so 1,278 MiB of
-/// float32 gradients stay allocated through the next forward and backward (memest models
-/// `set_to_none=True`; with them the figure would read about 13,515 MiB, 9.6 % low); the
-/// reserve's growth over 128 steps of fragmentation (memest replays one step); memory cuBLAS
-/// and cuDNN allocate outside PyTorch. The bound below pins today's figure.
+/// That Trainer ran eager attention, transformers' own `AdamW` (`adamw_hf`: a Python loop over
+/// the parameters, `--optim-impl for-loop`), `max_grad_norm=1.0` (scalars and in-place scaling)
+/// and `model.zero_grad()`, which before PyTorch 2.0 zeroed the gradients in place and kept
+/// them (`--keep-grads`). memest then reads 13,359 MiB (reserved 11,998 MiB, allocated peak
+/// 11,806 MiB in backward, + 1,343 MiB context + 18.25 MiB cuBLAS workspaces): 10.6 % low;
+/// without `--keep-grads` 12,247 MiB, 18.1 % low. The allowance (12 %) is what memest cannot
+/// see: the context was measured before the first matrix product, and without lazy loading
+/// cuBLAS/cuBLASLt load their kernel images into it on first use, plus the workspaces cuBLAS
+/// allocated itself in that release.
 #[test]
 fn bert_large_on_a_v100_against_the_model_memory_anatomy_guide() {
     const PUBLISHED_MIB: u64 = 14_949;
+    /// Below the published figure by at most this many percent (see above).
+    const ALLOWANCE_PCT: u64 = 12;
     let v = report(&[
         "tests/fixtures/gpu/bert_large_uncased_cls.json",
         "--batch",
@@ -220,8 +224,11 @@ fn bert_large_on_a_v100_against_the_model_memory_anatomy_guide() {
         "512",
         "--optim",
         "adamw",
+        "--optim-impl",
+        "for-loop",
         "--attention",
         "eager",
+        "--keep-grads",
         "--gpu",
         "v100-16gb",
         "--cuda-context",
@@ -231,9 +238,13 @@ fn bert_large_on_a_v100_against_the_model_memory_anatomy_guide() {
     assert_eq!(u(&v, "cuda_context_bytes"), 1343 << 20);
     // bert-large-uncased with a 2-label head: 335,143,938 parameters.
     assert_eq!(u(&v, "param_count"), 335_143_938);
+    // The gradients (1,278 MiB) are held between steps with the weights and the AdamW state.
+    assert_eq!(u(&v, "held_between_steps_bytes"), 5_362_312_772);
+    assert_eq!(v["peak_phase"], "backward");
     let device_mib = u(&v, "device_bytes") >> 20;
+    assert_eq!(device_mib, 13_359);
     assert!(
-        (PUBLISHED_MIB * 3 / 4..=PUBLISHED_MIB).contains(&device_mib),
+        (PUBLISHED_MIB * (100 - ALLOWANCE_PCT) / 100..=PUBLISHED_MIB).contains(&device_mib),
         "device {device_mib} MiB against the published {PUBLISHED_MIB} MiB"
     );
     assert_eq!(v["budget"]["fits"], true);
