@@ -286,6 +286,21 @@ pub struct Cli {
     /// cheapest in memory first, and whether each fits the --budget/--gpu.
     #[arg(long, value_name = "auto", value_parser = ["auto"], help_heading = "Several GPUs", conflicts_with_all = ["max_batch", "max_context", "sweep"])]
     plan: Option<String>,
+    /// Tensor-parallel degree (Megatron-style column/row splits of attention heads and MLP,
+    /// vocab-parallel embedding and LM head); data parallel = gpus / (tp · pp · cp). Without
+    /// --gpus, the plan spans tp · cp GPUs.
+    #[arg(long, value_parser = parse_positive, value_name = "T", help_heading = "Several GPUs")]
+    tp: Option<u64>,
+    /// Sequence parallel with --tp: norms, dropout and residual adds hold seq / tp positions.
+    #[arg(long, help_heading = "Several GPUs")]
+    sp: bool,
+    /// Context-parallel degree: each rank holds seq / cp positions; ring attention passes
+    /// key/value chunks between ranks.
+    #[arg(long, value_parser = parse_positive, value_name = "C", help_heading = "Several GPUs")]
+    cp: Option<u64>,
+    /// Whose tensor parallelism: PyTorch DTensor (default) or Megatron-LM.
+    #[arg(long, value_enum, value_name = "STYLE", help_heading = "Several GPUs")]
+    tp_style: Option<memest::parallel::TpStyle>,
 }
 
 /// How the report is printed.
@@ -689,6 +704,10 @@ impl Cli {
                 ..c
             }),
             batch_and_accum: (batch, grad_accum),
+            tp: self.tp,
+            sp: self.sp,
+            cp: self.cp,
+            tp_style: self.tp_style,
         };
         let overrides = Overrides {
             batch,

@@ -710,7 +710,13 @@ fn estimate_with(
         }
     }
     let tape = trace::trace(&model, &settings)?;
-    let sim = sim::simulate_observed(&tape, &settings, observe)?;
+    let mut sim = sim::simulate_observed(&tape, &settings, observe)?;
+    if let Some(whole) = unsplit(&settings) {
+        // Tensor or context parallelism traces one rank's shapes: the model states "before
+        // sharding" are those of the model traced whole.
+        let tape = trace::trace(&model, &whole)?;
+        sim.unsharded = sim::simulate(&tape, &whole)?.unsharded;
+    }
     Ok(Some(Report::new(
         &model.name,
         &settings,
@@ -718,6 +724,22 @@ fn estimate_with(
         &sim,
         budget,
     )?))
+}
+
+/// `settings` without tensor and context parallelism (the data-parallel plan alone), or `None`
+/// when they split nothing.
+fn unsplit(settings: &settings::Settings) -> Option<settings::Settings> {
+    let plan = settings.parallel.as_ref()?;
+    if plan.tp <= 1 && plan.cp <= 1 {
+        return None;
+    }
+    let mut whole = settings.clone();
+    if let Some(p) = &mut whole.parallel {
+        p.gpus = p.data_parallel().unwrap_or(1).saturating_mul(p.pp).max(1);
+        p.tp = 1;
+        p.cp = 1;
+    }
+    Some(whole)
 }
 
 /// [`estimate_spec`] with every copy of every repeated block traced and replayed: the reference

@@ -30,7 +30,8 @@ use crate::dtype::DType;
 pub struct Plan {
     /// GPUs (ranks) in all: `dp · tp · pp · cp`.
     pub gpus: u64,
-    /// Tensor-parallel degree (1: not split; tensor parallelism is not modelled yet).
+    /// Tensor-parallel degree (`--tp`; 1: not split): attention heads and MLP columns/rows
+    /// divided across `tp` ranks ([`Tensor`]).
     pub tp: u64,
     /// Pipeline-parallel degree (1: one stage).
     pub pp: u64,
@@ -41,6 +42,66 @@ pub struct Plan {
     /// What lives in host memory instead of the GPU (`--offload`, DeepSpeed's
     /// `offload_optimizer`/`offload_param`, FSDP2's `CPUOffloadPolicy`).
     pub offload: Offload,
+    /// How tensor and context parallelism run (`--sp`, `--tp-style`); inert when `tp` and `cp`
+    /// are 1.
+    pub tensor: Tensor,
+}
+
+/// Tensor, sequence and context parallelism (Megatron-LM: Shoeybi et al. 2019; sequence
+/// parallel: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+/// Models"; PyTorch: `torch.distributed.tensor.parallel`).
+///
+/// The tracer applies it per operator ([`crate::trace`]): inside each repeated block the
+/// attention heads (query and key/value heads alike) are divided by `tp`, a linear reading a
+/// replicated activation is column-parallel (its `out_features` divided) and the linear reading
+/// that column-split activation is row-parallel (its `in_features` divided, its output
+/// all-reduced, or reduce-scattered along the sequence under `sp`); the token embedding is
+/// vocab-parallel (rows divided, output all-reduced) and the LM head (the top-level linear whose
+/// `out_features` is the vocabulary) column-parallel. Norms, dropout, residual adds and
+/// everything outside the blocks stay replicated unless `sp` divides them along the sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Tensor {
+    /// Sequence parallel (`--sp`): the regions outside the tensor-parallel ones (norms,
+    /// dropout, residual adds) hold `seq / tp` positions; each column-parallel region starts
+    /// with an all-gather along the sequence and each row-parallel one ends in a
+    /// reduce-scatter.
+    pub sp: bool,
+    /// Whose implementation (`--tp-style`).
+    pub style: TpStyle,
+}
+
+/// Which tensor-parallel implementation's memory behaviour is modelled. They differ in three
+/// places, each cited where the tracer applies it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum TpStyle {
+    /// PyTorch DTensor (`parallelize_module` with `ColwiseParallel`, `RowwiseParallel`,
+    /// `SequenceParallel`), as torchtitan and transformers' `tp_plan` run it: the
+    /// vocab-parallel embedding's weight gradient is whole on every rank (DTensor has no
+    /// row-wise strategy for `embedding_dense_backward`, `_embedding_ops.py`), the LM head's
+    /// logits are all-gathered (`ColwiseParallel(output_layouts=Replicate())`), and under
+    /// sequence parallel the column-parallel linears save the all-gathered input.
+    #[default]
+    Dtensor,
+    /// Megatron-LM (`VocabParallelEmbedding`, `ColumnParallelLinear`, `RowParallelLinear`,
+    /// `vocab_parallel_cross_entropy`): the embedding's gradient is the rank's rows, the logits
+    /// stay split across the vocabulary into the loss, and under sequence parallel a
+    /// column-parallel linear saves its sequence-sharded input and all-gathers it again in
+    /// backward (`LinearWithGradAccumulationAndAsyncCommunication`).
+    Megatron,
+}
+
+impl std::fmt::Display for TpStyle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TpStyle::Dtensor => "dtensor",
+            TpStyle::Megatron => "megatron",
+        })
+    }
 }
 
 /// Where offloaded state goes (DeepSpeed's `OffloadDeviceEnum` in
@@ -299,7 +360,18 @@ impl Plan {
             cp: 1,
             sharding,
             offload: Offload::none(),
+            tensor: Tensor {
+                sp: false,
+                style: TpStyle::Dtensor,
+            },
         }
+    }
+
+    /// Whether every data-parallel group has one rank while the model is split (`--tp`,
+    /// `--cp`): no data-parallel engine runs then (no buckets, nothing sharded).
+    #[must_use]
+    pub fn model_parallel_only(&self) -> bool {
+        self.data_parallel() == Some(1) && self.tp.saturating_mul(self.cp) > 1
     }
 
     /// The data-parallel degree: `gpus / (tp · pp · cp)`; `None` when they do not divide.
@@ -338,6 +410,26 @@ impl Plan {
     #[must_use]
     pub fn describe(&self) -> String {
         let gpus = self.gpus;
+        let mut model = Vec::new();
+        if self.tp > 1 {
+            model.push(format!(
+                "{} tensor parallel {}{}",
+                self.tensor.style,
+                self.tp,
+                if self.tensor.sp {
+                    " + sequence parallel"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if self.cp > 1 {
+            model.push(format!("context parallel {}", self.cp));
+        }
+        let model = model.join(", ");
+        if self.model_parallel_only() {
+            return format!("{model} over {gpus} GPUs") + &self.describe_offload();
+        }
         let engine = match self.sharding {
             Sharding::Ddp(d) => format!(
                 "DDP over {gpus} GPUs, {} MiB buckets{}",
@@ -351,7 +443,12 @@ impl Plan {
             Sharding::Zero(z) => format!("DeepSpeed ZeRO-{} over {gpus} GPUs", z.stage),
             Sharding::Fsdp(f) => format!("FSDP {} over {gpus} GPUs", f.strategy),
         };
-        engine + &self.describe_offload()
+        let engine = engine + &self.describe_offload();
+        if model.is_empty() {
+            engine
+        } else {
+            format!("{model}; {engine}")
+        }
     }
 
     /// `, optimizer offloaded to the CPU`, or nothing.
@@ -469,6 +566,14 @@ pub struct PlanFlags {
     /// The micro-batch and accumulation steps in effect (flags over the config), to check the
     /// config's `train_batch_size` and to derive the world size from it.
     pub batch_and_accum: (Option<u64>, Option<u64>),
+    /// `--tp T` (tensor-parallel degree).
+    pub tp: Option<u64>,
+    /// `--sp` (sequence parallel; needs `--tp`).
+    pub sp: bool,
+    /// `--cp C` (context-parallel degree).
+    pub cp: Option<u64>,
+    /// `--tp-style` (default DTensor).
+    pub tp_style: Option<TpStyle>,
 }
 
 impl PlanFlags {
@@ -499,7 +604,26 @@ impl PlanFlags {
             let per = micro.unwrap_or(1).checked_mul(accum.unwrap_or(1))?;
             (micro.is_some() && per > 0 && t % per == 0).then(|| t / per)
         });
-        let Some(gpus) = self.gpus.or(cfg.and_then(|c| c.gpus)).or(from_train_batch) else {
+        let tp = self.tp.unwrap_or(1);
+        let cp = self.cp.unwrap_or(1);
+        if tp == 0 || cp == 0 {
+            return Err(err("--tp and --cp must be at least 1".into()));
+        }
+        if (self.sp || self.tp_style.is_some()) && tp == 1 {
+            return Err(err(
+                "--sp and --tp-style apply to tensor parallelism: they need --tp 2 or more".into(),
+            ));
+        }
+        // `--tp`/`--cp` alone: one model-parallel group, as many GPUs as it spans.
+        let model_parallel = tp
+            .checked_mul(cp)
+            .ok_or_else(|| err("--tp × --cp is too large".into()))?;
+        let Some(gpus) = self
+            .gpus
+            .or(cfg.and_then(|c| c.gpus))
+            .or(from_train_batch)
+            .or((model_parallel > 1).then_some(model_parallel))
+        else {
             if engine_given
                 || ddp_options
                 || self.gpus_per_node.is_some()
@@ -586,7 +710,27 @@ impl PlanFlags {
             d.gradient_as_bucket_view = self.gradient_as_bucket_view;
             Sharding::Ddp(d)
         };
+        if !gpus.is_multiple_of(model_parallel) {
+            return Err(err(format!(
+                "--gpus {gpus} is not a multiple of --tp {tp} × --cp {cp}: data parallel = gpus / (tp · pp · cp)"
+            )));
+        }
         let mut plan = Plan::data_parallel_only(gpus, sharding);
+        plan.tp = tp;
+        plan.cp = cp;
+        plan.tensor = Tensor {
+            sp: self.sp,
+            style: self.tp_style.unwrap_or_default(),
+        };
+        let dp = plan.data_parallel().unwrap_or(1);
+        if let Sharding::Fsdp(f) = &mut plan.sharding
+            && model_parallel > 1
+        {
+            // The shard group spans data-parallel ranks only.
+            let mut g = Fsdp::new(f.strategy, dp, self.gpus_per_node.unwrap_or(8));
+            g.reshard_after_forward = f.reshard_after_forward;
+            *f = g;
+        }
         plan.offload = match self.offload {
             Some(flag) => {
                 let cpu = Some(OffloadTarget::Cpu);

@@ -199,12 +199,20 @@ impl Dist {
             .filter(|p| p.trainable)
             .map(|p| {
                 let v = &tape.values[p.value];
+                // Tensor parallelism can make a gradient larger than the local part.
+                let grad_numel = tape
+                    .grad_shapes
+                    .get(&p.value)
+                    .and_then(crate::shape::Shape::numel)
+                    .unwrap_or(p.numel);
                 Trainable {
                     value: p.value,
                     shape: p.shape.dims().to_vec(),
                     numel: p.numel,
                     dtype: v.dtype,
-                    grad_bytes: grad_dtype(v.dtype).bytes_for(p.numel).unwrap_or(u64::MAX),
+                    grad_bytes: grad_dtype(v.dtype)
+                        .bytes_for(grad_numel)
+                        .unwrap_or(u64::MAX),
                 }
             })
             .collect();
@@ -382,6 +390,8 @@ impl Dist {
                 .unwrap_or(u64::MAX)
         };
         match plan.sharding {
+            // One rank per data-parallel group: no data-parallel engine runs.
+            _ if plan.model_parallel_only() => {}
             Sharding::Ddp(d) => {
                 if d.gradient_as_bucket_view {
                     dist.grads_always = total_grad;

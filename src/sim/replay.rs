@@ -565,7 +565,10 @@ impl<'a> Replay<'a> {
                     Some((weights, grad)) if val.param && val.dtype == weights => grad,
                     _ => val.dtype,
                 };
-                let Some(bytes) = val.shape.numel().and_then(|n| dtype.bytes_for(n)) else {
+                // A parameter's gradient can be larger than its local part (tensor parallelism:
+                // `Tape::grad_shapes`).
+                let shape = tape.grad_shapes.get(&v).unwrap_or(&val.shape);
+                let Some(bytes) = shape.numel().and_then(|n| dtype.bytes_for(n)) else {
                     self.overflow = true;
                     continue;
                 };

@@ -19,6 +19,7 @@ mod ops;
 mod params;
 pub mod sdpa;
 pub mod tape;
+mod tp;
 
 use std::collections::HashMap;
 
@@ -106,16 +107,22 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         position_bias: None,
         lora_matched: Vec::new(),
         lora_modules: Vec::new(),
+        tp: tp::Tp::of(settings.parallel.as_ref()),
     };
+    // Context parallelism: each rank holds `seq / cp` positions of every sequence.
+    let cp = settings.parallel.as_ref().map_or(1, |p| p.cp.max(1));
     let input_shape = |dims_spec: &[DimSpec]| -> Result<Shape, Error> {
         let mut dims = vec![settings.batch];
         for d in dims_spec {
             dims.push(match d {
                 DimSpec::Fixed(v) => *v,
                 DimSpec::Seq if matches!(pass, Pass::Decode { .. }) => 1,
-                DimSpec::Seq => settings.seq.ok_or_else(|| {
-                    Error::setting(SettingKey::Seq, "the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq")
-                })?,
+                DimSpec::Seq => settings
+                    .seq
+                    .ok_or_else(|| {
+                        Error::setting(SettingKey::Seq, "the input has a \"seq\" dimension: give a sequence length with --seq or defaults.seq")
+                    })?
+                    .div_ceil(cp),
                 DimSpec::TargetSeq => settings.target_seq.ok_or_else(|| {
                     Error::setting(SettingKey::Seq, "an input has a \"target_seq\" dimension: give its length with --target-seq or defaults.target_seq")
                 })?,
@@ -267,6 +274,8 @@ struct Tracer<'a> {
     /// The projections and linear layers seen (last name segment; `q`, `k`, `v`, `o` for
     /// attention), in order: the names an unmatched LoRA target is told about.
     lora_modules: Vec<String>,
+    /// Tensor, sequence and context parallelism (`--tp`, `--sp`, `--cp`): see [`tp`].
+    tp: Option<tp::Tp>,
 }
 
 fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {
@@ -684,6 +693,7 @@ impl Tracer<'_> {
                             self.label.clone_from(&layer.label);
                             return Err(self.err(format!("the model traces to more than {MAX_STEPS} operators after repeating blocks; lower `count`")));
                         }
+                        x = self.tp_block_input(x)?;
                         let before = self.val(x).clone();
                         let seg_start = self.tape.steps.len();
                         if repeat == 1 {
@@ -823,7 +833,7 @@ impl Tracer<'_> {
     fn op(&mut self, op: &Op, layer: &Layer, inputs: &[ValueId]) -> Result<ValueId, Error> {
         let first_param = self.tape.params.len();
         let first_storage = self.tape.storages.next_key();
-        let out = self.op_inner(op, layer, inputs)?;
+        let out = self.tp_op(op, layer, inputs)?;
         self.note_params(first_param, first_storage);
         Ok(out)
     }

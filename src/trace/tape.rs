@@ -248,6 +248,10 @@ pub struct Tape {
     /// The repeated blocks traced once (not inside a block of several copies), in trace order:
     /// where each copy's steps are.
     pub repeats: Vec<BlockCopies>,
+    /// Tensor parallelism: the parameters whose gradient is larger than their local part,
+    /// with the gradient's shape (DTensor's vocab-parallel embedding gets a whole, replicated
+    /// weight gradient: see [`crate::parallel::TpStyle::Dtensor`]).
+    pub grad_shapes: std::collections::HashMap<ValueId, Shape>,
 }
 
 /// Where the copies of a repeated block are on the tape: copy `k` is the steps

@@ -186,6 +186,26 @@ pub enum AtenOp {
     ShiftRight,
     /// Composite: T5's `_relative_position_bucket`.
     RelativePositionBucket,
+    /// `_c10d_functional::all_reduce` (what DTensor's `Partial → Replicate` and Megatron's
+    /// `reduce_from_tensor_model_parallel_region` run): the output is a new tensor (the C++
+    /// functional op clones its input, then reduces in place,
+    /// `torch/csrc/distributed/c10d/Functional.cpp`); its backward hands the gradient on
+    /// unchanged (`Replicate → Partial` costs nothing). Saves nothing.
+    AllReduce,
+    /// `_c10d_functional::all_gather_into_tensor` (`Shard → Replicate`; Megatron's
+    /// `gather_from_sequence_parallel_region`): a new tensor `tp` times the input along the
+    /// gathered dimension; its backward reduce-scatters, allocating the input-sized gradient.
+    AllGather,
+    /// `_c10d_functional::reduce_scatter_tensor` (`Partial → Shard`; Megatron's
+    /// `reduce_scatter_to_sequence_parallel_region`): a new tensor of one `tp`-th of the input;
+    /// its backward all-gathers, allocating the whole-sized gradient.
+    ReduceScatter,
+    /// DTensor's `Replicate → Shard` (`Shard._replicate_to_shard`: this rank's chunk of the
+    /// local tensor, cloned): a new tensor of one chunk; its backward all-gathers.
+    ShardSlice,
+    /// Context parallelism's ring exchange of a key/value chunk (`send`/`recv` into a buffer of
+    /// the chunk's size). Saves nothing.
+    RingExchange,
     /// Not an operator: a block's Python frame returning, which releases its input.
     Return,
 }
@@ -272,6 +292,11 @@ impl AtenOp {
             AtenOp::BoolMaskToFloat => "convert_boolean_attn_mask",
             AtenOp::ShiftRight => "_shift_right",
             AtenOp::RelativePositionBucket => "_relative_position_bucket",
+            AtenOp::AllReduce => "_c10d_functional::all_reduce",
+            AtenOp::AllGather => "_c10d_functional::all_gather_into_tensor",
+            AtenOp::ReduceScatter => "_c10d_functional::reduce_scatter_tensor",
+            AtenOp::ShardSlice => "Shard._replicate_to_shard",
+            AtenOp::RingExchange => "ring send/recv",
             AtenOp::Return => "return",
         }
     }
@@ -618,6 +643,11 @@ impl AtenOp {
             | AtenOp::ShiftRight
             | AtenOp::BoolMaskToFloat
             | AtenOp::RelativePositionBucket
+            | AtenOp::AllReduce
+            | AtenOp::AllGather
+            | AtenOp::ReduceScatter
+            | AtenOp::ShardSlice
+            | AtenOp::RingExchange
             | AtenOp::Return => plain(&["self"]),
         }
     }

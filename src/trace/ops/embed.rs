@@ -27,7 +27,7 @@ pub(super) fn position_shape(c: &PositionEmbeddingCfg, x: &Shape) -> Result<Shap
 
 impl Tracer<'_> {
     /// `nn.Embedding`: derivatives.yaml `embedding` saves the indices only.
-    pub(super) fn embedding(
+    pub(in crate::trace) fn embedding(
         &mut self,
         c: &EmbeddingCfg,
         name: &str,

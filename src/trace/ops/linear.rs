@@ -18,7 +18,7 @@ pub(super) fn out_shape(c: &LinearCfg, x: &Shape) -> Result<Shape, ShapeError> {
 impl Tracer<'_> {
     /// `nn.Linear` (with LoRA adapters when targeted): the weight is the tied embedding's, or
     /// a new one, quantized when [`LinearCfg::quantize`].
-    pub(super) fn linear_layer(
+    pub(in crate::trace) fn linear_layer(
         &mut self,
         c: &LinearCfg,
         name: &str,
