@@ -133,6 +133,11 @@ pub struct Cli {
     /// Activation checkpointing of every repeated block.
     #[arg(long)]
     checkpoint: bool,
+    /// Selective activation recomputation (Megatron-LM's --recompute-granularity selective):
+    /// each attention's core (QKᵀ, softmax, dropout, attention over values) is recomputed in
+    /// backward instead of kept.
+    #[arg(long)]
+    selective_recompute: bool,
     /// Gradient accumulation: N micro-batches of --batch per optimizer step; gradients persist
     /// from one micro-batch to the next [default: 1]
     #[arg(long, value_name = "N", value_parser = parse_positive)]
@@ -726,6 +731,7 @@ impl Cli {
             attention: self.attention,
             amp,
             checkpoint: self.checkpoint || cfg.and_then(|c| c.checkpoint) == Some(true),
+            selective_recompute: self.selective_recompute,
             device: self.device,
             lora: self.lora_rank.map(|rank| Lora {
                 rank,

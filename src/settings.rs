@@ -27,6 +27,8 @@ pub struct Overrides {
     pub attention: Option<AttentionImpl>,
     pub amp: Option<Amp>,
     pub checkpoint: bool,
+    /// `--selective-recompute`.
+    pub selective_recompute: bool,
     pub device: Option<Device>,
     pub lora: Option<Lora>,
     pub quant: Option<Quant>,
@@ -291,6 +293,12 @@ pub struct Settings {
     pub amp: Option<Amp>,
     /// Activation checkpointing of every repeated block.
     pub checkpoint: bool,
+    /// Selective activation recomputation (Korthikanti et al. 2022, §5; Megatron-LM
+    /// `--recompute-granularity selective`): each attention's core (`QKᵀ`, softmax, its dropout,
+    /// attention over values) is recomputed in backward; only its query, key and value inputs
+    /// are kept. Left out of the JSON when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub selective_recompute: bool,
     /// Kernel behaviour modelled.
     pub device: Device,
     /// LoRA adapters, if any.
@@ -564,6 +572,7 @@ impl Settings {
             attention_forced: o.attention == Some(AttentionImpl::Flash),
             amp: recipe.autocast,
             checkpoint: o.checkpoint,
+            selective_recompute: o.selective_recompute,
             device,
             arch: o.gpu.map_or(Arch::DEFAULT, |g| g.arch.clone()),
             gpu: o.gpu,

@@ -285,6 +285,18 @@ impl Tracer<'_> {
             && self.s.device == Device::Cpu
             && self.training()
             && c.dropout > 0.0;
+        // Selective recomputation: the core is a checkpointed segment that keeps its query
+        // (and, read from outside it, its keys and values).
+        let selective = self.s.selective_recompute && self.training() && self.segment.is_none();
+        if selective {
+            let start = self.tape.steps.len();
+            let input = self.sid(q);
+            self.segment = Some(self.tape.segments.push_and_get_key(Segment {
+                start,
+                end: start,
+                input,
+            }));
+        }
         let ctx = if math {
             self.sdpa_math(q, k, v, c, bias)?
         } else if fused {
@@ -292,6 +304,9 @@ impl Tracer<'_> {
         } else {
             self.sdpa_eager(q, k, v, c, bias)?
         };
+        if selective && let Some(seg) = self.segment.take() {
+            self.tape.segments[seg].end = self.tape.steps.len();
+        }
         // Merge heads: transformers `transpose(1, 2).contiguous()`, nn.MultiheadAttention
         // `permute(2, 0, 1, 3).contiguous()`; free when the output is already laid out so.
         let cv = self.val(ctx).clone();

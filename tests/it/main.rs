@@ -41,3 +41,4 @@ mod repeats;
 mod schema;
 mod serve;
 mod snapshots;
+mod tp;
