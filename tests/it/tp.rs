@@ -37,6 +37,7 @@ fn get(v: &Value, pointer: &str) -> u64 {
 /// | Llama, TP 2 + SP | 88,098,816 | 120,866,816 | 56,449,540 exact | 506,556,852 → 506,624,416 (+0.01 %) |
 /// | Llama (4 KV heads), TP 4 | 44,582,912 | 93,734,912 | 54,348,804 exact | 305,342,908 → 305,428,896 (+0.03 %) |
 /// | GPT-NeoX, TP 2 | 11,359,232 | 15,455,232 | 15,036,420 exact | 73,690,272 → 73,692,308 (+0.00 %) |
+/// | GPT-NeoX, TP 2 + SP | 11,359,232 | 15,455,232 | 14,113,796 exact | 72,767,648 → 72,769,684 (+0.00 %) |
 ///
 /// The gradients exceed the parameters by half the embedding: DTensor's vocab-parallel
 /// embedding gets a whole (replicated) weight gradient.
