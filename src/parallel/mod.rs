@@ -74,7 +74,15 @@ pub struct Tensor {
 /// Which tensor-parallel implementation's memory behaviour is modelled. They differ in three
 /// places, each cited where the tracer applies it.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    schemars::JsonSchema,
     clap::ValueEnum,
 )]
 #[serde(rename_all = "kebab-case")]
