@@ -62,7 +62,7 @@ fn measured_ranks() {
     for rec in &records {
         let id = rec["id"].as_str().expect("id");
         let Some(args) = cases.get(id).and_then(Value::as_array) else {
-            // Tensor parallelism is not modelled yet.
+            // The tensor-parallel case is checked in tests/it/tp.rs.
             assert_eq!(
                 rec["case"]["parallel"]["kind"], "tp",
                 "{id} has no command line"

@@ -347,3 +347,44 @@ proptest::proptest! {
         proptest::prop_assert_eq!(p.comm_buffers_bytes, r.category_max.comm_buffers_bytes);
     }
 }
+
+/// The flags: `--tp`/`--cp` alone span `tp · cp` GPUs; the data-parallel degree is
+/// `gpus / (tp · cp)`; `--sp` and `--tp-style` need `--tp`; the GPUs must be a multiple of
+/// `tp · cp`; `--tp` must divide the heads (exit 2 for each refusal, naming the flag).
+#[test]
+fn plan_flags() {
+    use crate::common::{code, memest, stderr};
+    let base = ["examples/llama_tiny.toml", "--batch", "1", "--seq", "64"];
+    let run = |extra: &[&str]| memest(&[&base[..], extra].concat());
+    let r = report(&[&base[..], &["--tp", "2", "--cp", "2"]].concat());
+    assert_eq!(r["parallel"]["world_size"], 4);
+    assert_eq!(r["parallel"]["data_parallel"], 1);
+    assert_eq!(
+        r["parallel"]["description"],
+        "dtensor tensor parallel 2, context parallel 2 over 4 GPUs"
+    );
+    let r = report(
+        &[
+            &base[..],
+            &["--gpus", "8", "--tp", "2", "--sp", "--zero", "1"],
+        ]
+        .concat(),
+    );
+    assert_eq!(r["parallel"]["data_parallel"], 4);
+    for (extra, says) in [
+        (&["--sp"][..], "--sp and --tp-style"),
+        (&["--tp-style", "megatron"][..], "--sp and --tp-style"),
+        (
+            &["--gpus", "6", "--tp", "4"][..],
+            "not a multiple of --tp 4",
+        ),
+        (
+            &["--tp", "4"][..],
+            "must divide the attention heads (8) and key/value heads (2)",
+        ),
+    ] {
+        let out = run(extra);
+        assert_eq!(code(&out), 2, "{extra:?}");
+        assert!(stderr(&out).contains(says), "{extra:?}: {}", stderr(&out));
+    }
+}
