@@ -1,5 +1,6 @@
 //! `attention`, `cross_attention`, `moe`.
 
+use super::RmsStyle;
 use super::keys::{KeyReader, key};
 use crate::spec::{QkNormScope, Style};
 
@@ -57,6 +58,9 @@ pub struct AttentionCfg {
     pub rotary: bool,
     /// Dropout on the attention probabilities (training only).
     pub dropout: f64,
+    /// Which RMSNorm `qk_norm` applies (`qk_norm_style`): `LlamaRMSNorm` (default, Qwen3) or
+    /// `GemmaRMSNorm` (`x·(1 + w)` in float32, Gemma 3's `q_norm`/`k_norm`).
+    pub qk_norm_style: RmsStyle,
     /// RMSNorm on Q and K (Qwen3 per head, OLMo-2 over the projection).
     pub qk_norm: Option<QkNorm>,
     /// Adds the shared relative position bias (T5) to the scores.
@@ -103,6 +107,7 @@ impl AttentionCfg {
         let dropout = r.prob(key!(s.dropout), 0.0);
         let qk_norm = r.or(key!(s.qk_norm), false);
         let qk_norm_scope = r.opt(key!(s.qk_norm_scope));
+        let qk_norm_style: Option<Style> = r.opt(key!(s.qk_norm_style));
         let position_bias = r.or(key!(s.position_bias), false);
         let sliding_window = r.pos_opt(key!(s.sliding_window));
         let softmax_f32 = r.or(key!(s.softmax_f32), false);
@@ -136,6 +141,19 @@ impl AttentionCfg {
             (true, None | Some(QkNormScope::Head)) => Some(QkNorm::Head),
             (true, Some(QkNormScope::Projection)) => Some(QkNorm::Projection),
         };
+        let qk_norm_style = match qk_norm_style {
+            None | Some(Style::Llama) => RmsStyle::Llama,
+            Some(Style::Gemma) => RmsStyle::Gemma,
+            Some(other) => {
+                return Err(format!(
+                    "`qk_norm_style` value `{}` does not apply, expected \"llama\" or \"gemma\"",
+                    other.as_str()
+                ));
+            }
+        };
+        if qk_norm_style != RmsStyle::Llama && qk_norm != Some(QkNorm::Head) {
+            return Err("`qk_norm_style` needs `qk_norm = true` per head".into());
+        }
         if qk_norm.is_some() && (fused_qkv || style == AttnStyle::TorchMha) {
             return Err("`qk_norm` needs separate Q and K projections (not `fused_qkv` or style = \"torch\")".into());
         }
@@ -151,6 +169,7 @@ impl AttentionCfg {
             fused_qkv,
             rotary,
             dropout,
+            qk_norm_style,
             qk_norm,
             position_bias,
             sliding_window,
@@ -183,6 +202,7 @@ impl AttentionCfg {
             fused_qkv: false,
             rotary: false,
             dropout,
+            qk_norm_style: RmsStyle::Llama,
             qk_norm: None,
             position_bias: false,
             sliding_window: None,

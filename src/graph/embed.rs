@@ -101,6 +101,11 @@ pub struct RotaryCfg {
     /// returns them uncast): `apply_rotary_pos_emb` then computes in float32 and casts Q and K
     /// back (`q_embed.to(q_type)`).
     pub tables_f32: bool,
+    /// The tables of the sliding-window layers (`local`): Gemma 3 computes a second pair of
+    /// `cos`/`sin` with its local base frequency (`rope_local_base_freq`), which the
+    /// attention layers with a `sliding_window` use; the others use the last table without
+    /// this key.
+    pub local: bool,
 }
 
 impl RotaryCfg {
@@ -110,6 +115,7 @@ impl RotaryCfg {
             head_dim: r.pos(key!(s.head_dim)),
             concat: r.or(key!(s.concat), false),
             tables_f32: r.or(key!(s.tables_f32), false),
+            local: r.or(key!(s.local), false),
         };
         r.finish()?;
         if !cfg.head_dim.is_multiple_of(2) {

@@ -54,6 +54,9 @@ pub(super) struct DecoderConfig {
     pub max_window_layers: Option<u64>,
     /// Per layer, `"sliding_attention"` or `"full_attention"`.
     pub layer_types: Option<Vec<String>>,
+    /// Gemma 3: every `sliding_window_pattern`-th layer attends globally, the others through
+    /// the window (when `layer_types` is absent).
+    pub sliding_window_pattern: Option<u64>,
     /// Mixtral's experts.
     pub num_local_experts: Option<u64>,
     /// Qwen2-MoE's experts.

@@ -68,10 +68,22 @@ pub(super) struct DecoderFamily {
     /// `embedding_multiplier`, each attention and MLP output times `residual_multiplier` before
     /// its residual sum, the logits divided by `logits_scaling`; each a new tensor, nothing kept.
     pub multipliers: bool,
-    /// Gemma 2's soft-capping: the attention scores as `attn_logit_softcapping` says (default
-    /// 50) and the logits as `final_logit_softcapping` says (default 30), each
-    /// `tanh(x / cap) · cap`; `null` turns one off.
-    pub softcap: bool,
+    /// Soft-capping (Gemma 2, Gemma 3): the attention scores as `attn_logit_softcapping` says
+    /// and the logits as `final_logit_softcapping` says, each `tanh(x / cap) · cap`, with these
+    /// defaults when the config leaves a key out; `null` turns one off. `None`: the family
+    /// reads neither key.
+    pub softcap: Option<SoftCaps>,
+    /// Gemma 3: a second rotary table (`rope_local_base_freq`) for the sliding-window layers;
+    /// `Gemma3TextModel.forward` computes one `cos`/`sin` pair per layer type present.
+    pub rotary_local: bool,
+}
+
+/// The soft-capping defaults of a family's config class: `(attn_logit_softcapping,
+/// final_logit_softcapping)`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SoftCaps {
+    pub attn: Option<f64>,
+    pub logits: Option<f64>,
 }
 
 /// Default of `num_key_value_heads`.
@@ -169,6 +181,10 @@ pub(super) enum Sliding {
     /// The layers `layer_types` marks, else every other one from layer 0 (`Gemma2Config`),
     /// with `sliding_window` (default 4096).
     Gemma2,
+    /// The layers `layer_types` marks, else all but every `sliding_window_pattern`-th (default
+    /// 6: layer `i` slides when `(i + 1) % 6 != 0`, `Gemma3TextConfig.__post_init__`), with
+    /// `sliding_window` (default 4096).
+    Gemma3,
 }
 
 /// Which layers are a sparse mixture of experts.
@@ -237,6 +253,12 @@ fn sliding_at(row: &DecoderFamily, c: &DecoderConfig, i: u64) -> Option<u64> {
         Sliding::Gemma2 => {
             let w = c.sliding_window.unwrap_or(4096);
             (w > 0 && marked(i).unwrap_or(i.is_multiple_of(2))).then_some(w)
+        }
+        Sliding::Gemma3 => {
+            let w = c.sliding_window.unwrap_or(4096);
+            let pattern = c.sliding_window_pattern.unwrap_or(6);
+            let by_pattern = pattern == 0 || !(i + 1).is_multiple_of(pattern);
+            (w > 0 && marked(i).unwrap_or(by_pattern)).then_some(w)
         }
         Sliding::Qwen2 | Sliding::Qwen2Moe => {
             let w = window.filter(|_| c.use_sliding_window.unwrap_or(false))?;
@@ -367,23 +389,22 @@ pub(super) fn decoder(
     } else {
         0.0
     };
-    let (attn_softcap, final_softcap) = if row.softcap {
-        (
+    let (attn_softcap, final_softcap) = match row.softcap {
+        Some(d) => (
             soft_cap(
                 cfg,
                 "attn_logit_softcapping",
                 c.attn_logit_softcapping,
-                50.0,
+                d.attn,
             )?,
             soft_cap(
                 cfg,
                 "final_logit_softcapping",
                 c.final_logit_softcapping,
-                30.0,
+                d.logits,
             )?,
-        )
-    } else {
-        (None, None)
+        ),
+        None => (None, None),
     };
     let variants: Vec<LayerVariant> = mlps(cfg, row, &c, n_layers)?
         .into_iter()
@@ -438,15 +459,41 @@ pub(super) fn decoder(
             ),
         );
     }
-    push(
-        &mut out,
-        LayerSpec {
-            head_dim: Some(rotary_dim),
-            concat: row.rotary_concat.then_some(true),
-            tables_f32: row.rotary_f32.then_some(true),
-            ..layer(K::Rotary, &p("rotary_emb"))
-        },
-    );
+    let rotary = LayerSpec {
+        head_dim: Some(rotary_dim),
+        concat: row.rotary_concat.then_some(true),
+        tables_f32: row.rotary_f32.then_some(true),
+        ..layer(K::Rotary, &p("rotary_emb"))
+    };
+    if row.rotary_local {
+        // Gemma3RotaryEmbedding: one cos/sin pair per layer type present, the sliding layers'
+        // from `rope_local_base_freq` (same size).
+        let sliding = variants
+            .iter()
+            .filter(|v| v.sliding_window.is_some())
+            .count();
+        if sliding < variants.len() {
+            push(
+                &mut out,
+                LayerSpec {
+                    name: Some(p("rotary_emb.full_attention")),
+                    ..rotary.clone()
+                },
+            );
+        }
+        if sliding > 0 {
+            push(
+                &mut out,
+                LayerSpec {
+                    name: Some(p("rotary_emb.sliding_attention")),
+                    local: Some(true),
+                    ..rotary
+                },
+            );
+        }
+    } else {
+        push(&mut out, rotary);
+    }
     let all_runs = runs(&variants);
     for (first, count, v) in &all_runs {
         let body = decoder_layer(
@@ -484,7 +531,7 @@ pub(super) fn decoder(
     push(&mut out, family_norm(row, &p("norm")));
     causal_head(&mut out, cfg, head, vocab, tie.then_some(embed.as_str()))?;
     if let (Some(cap), Resolved::Lm) = (final_softcap, head) {
-        // Gemma2ForCausalLM: `logits / cap`, `tanh`, `* cap`, before the loss.
+        // Gemma2ForCausalLM, Gemma3ForCausalLM: `logits / cap`, `tanh`, `* cap`, before the loss.
         let loss = out.pop().expect("the causal head ends in its loss");
         push(
             &mut out,
@@ -587,6 +634,9 @@ fn decoder_layer(
         dropout: (a.dropout > 0.0).then_some(a.dropout),
         qk_norm: (row.qk_norm != QkNorm::None).then_some(true),
         qk_norm_scope: (row.qk_norm == QkNorm::Projection).then_some(QkNormScope::Projection),
+        // Gemma 3's q_norm/k_norm are GemmaRMSNorms.
+        qk_norm_style: (row.qk_norm == QkNorm::Head && matches!(row.norm, Norm::Gemma))
+            .then_some(Style::Gemma),
         sliding_window: a.sliding_window,
         // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
         softmax_f32: Some(true),
@@ -743,9 +793,9 @@ fn soft_cap(
     cfg: &Cfg,
     key: &str,
     value: Option<Option<f64>>,
-    default: f64,
+    default: Option<f64>,
 ) -> Result<Option<f64>, Error> {
-    match value.unwrap_or(Some(default)) {
+    match value.unwrap_or(default) {
         Some(cap) if !(cap.is_finite() && cap > 0.0) => Err(cfg.field_err(
             key,
             format!("`{key}` must be a positive number or null, got {cap}"),

@@ -36,7 +36,7 @@ mod vision;
 
 use config::{Cfg, Header};
 use decoder::{
-    Bias, DecoderFamily, GateUp, KvHeads, Moe, Norm, NormPlacement, QkNorm, Qkv, Sliding,
+    Bias, DecoderFamily, GateUp, KvHeads, Moe, Norm, NormPlacement, QkNorm, Qkv, Sliding, SoftCaps,
 };
 
 /// The most layers a config may declare: far beyond any real model, and small enough that
@@ -70,7 +70,8 @@ const LLAMA: DecoderFamily = DecoderFamily {
     sliding: Sliding::None,
     moe: Moe::None,
     multipliers: false,
-    softcap: false,
+    softcap: None,
+    rotary_local: false,
 };
 
 /// The Llama-style decoder families, one row each: the defaults of the transformers config
@@ -180,7 +181,35 @@ const DECODERS: &[DecoderFamily] = &[
         placement: NormPlacement::Sandwich,
         embed_scale: true,
         sliding: Sliding::Gemma2,
-        softcap: true,
+        softcap: Some(SoftCaps {
+            attn: Some(50.0),
+            logits: Some(30.0),
+        }),
+        ..LLAMA
+    },
+    // Gemma3TextConfig / modeling_gemma3.py (Gemma3ForCausalLM): Gemma 2's layer with
+    // GemmaRMSNorm q_norm/k_norm per head, no soft-capping by default, five sliding-window
+    // layers to one global (`sliding_window_pattern`), one rotary table per layer type, and the
+    // embedding scale a buffer.
+    DecoderFamily {
+        model_type: "gemma3_text",
+        arch_prefix: "gemma3",
+        kv_heads: KvHeads::Fixed(4),
+        head_dim: Some(256),
+        max_positions: 131_072,
+        tie: true,
+        act: "gelu_pytorch_tanh",
+        mlp_bias: false,
+        norm: Norm::Gemma,
+        placement: NormPlacement::Sandwich,
+        qk_norm: QkNorm::Head,
+        embed_scale: true,
+        sliding: Sliding::Gemma3,
+        softcap: Some(SoftCaps {
+            attn: None,
+            logits: None,
+        }),
+        rotary_local: true,
         ..LLAMA
     },
     DecoderFamily {
@@ -525,19 +554,24 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             dtype,
             // transformers 5 runs attention through `scaled_dot_product_attention` by default;
             // BLOOM's attention has only its eager form (`baddbmm` with the ALiBi bias).
-            // Gemma 2's soft-capping is eager only (`_supports_sdpa = False`).
-            attention: Some(
-                if matches!(family, Family::Bloom)
-                    || matches!(family, Family::Decoder(row) if row.softcap)
-                {
-                    AttentionImpl::Eager
-                } else {
-                    AttentionImpl::Flash
-                },
-            ),
+            // Soft-capped attention scores (Gemma 2; Gemma 3 when a config sets
+            // `attn_logit_softcapping`) are eager only: SDPA cannot soft-cap.
+            attention: Some(if matches!(family, Family::Bloom) || any_softcap(&layers) {
+                AttentionImpl::Eager
+            } else {
+                AttentionImpl::Flash
+            }),
             ..Default::default()
         },
         layers,
+    })
+}
+
+/// Whether an attention layer soft-caps its scores.
+fn any_softcap(layers: &[LayerSpec]) -> bool {
+    layers.iter().any(|l| {
+        (l.kind == LayerKind::Attention && l.softcap.is_some())
+            || l.layers.as_deref().is_some_and(any_softcap)
     })
 }
 
@@ -886,7 +920,7 @@ mod tests {
         assert_eq!(infer("T5ForConditionalGeneration").as_deref(), Some("t5"));
         assert_eq!(infer("Gemma2ForCausalLM").as_deref(), Some("gemma2"));
         assert_eq!(infer("GemmaForCausalLM").as_deref(), Some("gemma"));
-        assert_eq!(infer("Gemma3ForCausalLM"), None);
+        assert_eq!(infer("Gemma3ForCausalLM").as_deref(), Some("gemma3_text"));
         assert_eq!(infer("OlmoForCausalLM").as_deref(), Some("olmo"));
         assert_eq!(infer("OlmoeForCausalLM"), None);
     }

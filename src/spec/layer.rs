@@ -164,6 +164,8 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qk_norm_scope: Option<QkNormScope>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_norm_style: Option<Style>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub softmax_f32: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bool_mask: Option<bool>,
@@ -184,6 +186,8 @@ pub struct LayerSpec {
     /// to the activation dtype): Q and K are rotated in float32 and cast back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tables_f32: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local: Option<bool>,
     // scale
     #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,

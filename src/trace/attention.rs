@@ -138,7 +138,7 @@ impl Tracer<'_> {
                             true,
                         );
                         let w = self.param(Shape::from([hd]), train)?;
-                        (self.rms_norm(split, w, RmsStyle::Llama)?, AtenOp::Transpose)
+                        (self.rms_norm(split, w, c.qk_norm_style)?, AtenOp::Transpose)
                     }
                     // OLMo-2 normalizes the whole [B, S, heads·head_dim] projection, then
                     // views the heads out of that output.
@@ -176,7 +176,9 @@ impl Tracer<'_> {
             (k, v, c)
         };
         let (q, k) = if c.rotary {
-            let rope = self.rope.ok_or_else(|| {
+            // Gemma 3's sliding-window layers rotate with the local tables.
+            let local = self.rope_local.filter(|_| c.sliding_window.is_some());
+            let rope = local.or(self.rope).ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
             })?;
             (self.rope_apply(q, rope)?, self.rope_apply(k, rope)?)

@@ -99,6 +99,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         cast_cache: HashMap::new(),
         embeddings: HashMap::new(),
         rope: None,
+        rope_local: None,
         cur_layer: LayerId::default(),
         segment: None,
         in_block: false,
@@ -260,6 +261,9 @@ struct Tracer<'a> {
     embeddings: HashMap<String, ValueId>,
     /// `cos` and `sin` tables from the last rotary layer.
     rope: Option<Rope>,
+    /// `cos` and `sin` tables from the last `local` rotary layer (Gemma 3's sliding-window
+    /// layers).
+    rope_local: Option<Rope>,
     cur_layer: LayerId,
     segment: Option<SegmentId>,
     /// Inside a copy of an outermost repeated block (see [`Tape::blocks`]).

@@ -90,6 +90,8 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ),
     // google/siglip-base-patch16-224's text tower (SiglipTextModel), with its `head`.
     ("examples/hf/siglip-base-patch16-224-text.json", 110_271_744),
+    // gemma-3-1b-pt: Gemma 2's layer with q_norm/k_norm, 4 heads of 256 over one K/V head.
+    ("examples/hf/gemma-3-1b-pt.json", 999_885_952),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -815,4 +817,56 @@ fn gemma2_sandwich_norms_and_soft_capping() {
             "loss"
         ]
     );
+}
+
+/// Gemma 3: five sliding-window layers to one global (`sliding_window_pattern` 6), Gemma-style
+/// q/k norms, one rotary table per layer type, no soft-capping, SDPA by default.
+#[test]
+fn gemma3_sliding_pattern_qk_norms_and_two_rotary_tables() {
+    let t = printed(&["examples/hf/gemma-3-1b-pt.json"]);
+    assert_eq!(t["defaults"]["attention"].as_str(), Some("flash"));
+    let l = layers(&t);
+    let rotary: Vec<(&str, bool)> = l
+        .iter()
+        .filter(|l| l["kind"].as_str() == Some("rotary"))
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap(),
+                l.get("local").and_then(toml::Value::as_bool) == Some(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rotary,
+        [
+            ("model.rotary_emb.full_attention", false),
+            ("model.rotary_emb.sliding_attention", true)
+        ]
+    );
+    // 26 layers: 0-4 slide, 5 global, ... 23 global, 24-25 slide.
+    let blocks: Vec<(u64, bool)> = l
+        .iter()
+        .filter(|l| l["kind"].as_str() == Some("repeat"))
+        .map(|b| {
+            let attn = b["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["kind"].as_str() == Some("attention"))
+                .unwrap();
+            assert_eq!(attn["qk_norm_style"].as_str(), Some("gemma"));
+            assert!(attn.get("softcap").is_none(), "{attn:?}");
+            (
+                u64::try_from(b["count"].as_integer().unwrap()).unwrap(),
+                attn.get("sliding_window").is_some(),
+            )
+        })
+        .collect();
+    let mut expected = Vec::new();
+    for _ in 0..4 {
+        expected.extend([(5, true), (1, false)]);
+    }
+    expected.push((2, true));
+    assert_eq!(blocks, expected);
+    assert_eq!(l.last().unwrap()["name"].as_str(), Some("loss"));
 }

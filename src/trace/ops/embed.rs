@@ -199,12 +199,17 @@ impl Tracer<'_> {
         let sin = self.storage(&table, dt, StorageKind::Activation, "rope sin")?;
         self.call(Call::new(AtenOp::RotaryTables, Vec::new(), Vec::new()).allocs(vec![cos, sin]))?;
         self.tape.forward_held.extend([cos, sin]);
-        self.rope = Some(Rope {
+        let rope = Some(Rope {
             cos,
             sin,
             concat: c.concat,
             tables_f32: c.tables_f32,
         });
+        if c.local {
+            self.rope_local = rope;
+        } else {
+            self.rope = rope;
+        }
         Ok(x)
     }
 
