@@ -533,6 +533,7 @@ fn has_kind(layers: &[spec::LayerSpec], kind: spec::LayerKind) -> bool {
 fn has_causal_attention(layers: &[spec::LayerSpec]) -> bool {
     layers.iter().any(|l| {
         (l.kind == spec::LayerKind::Attention && l.causal == Some(true))
+            || l.kind == spec::LayerKind::Mla
             || l.layers.as_deref().is_some_and(has_causal_attention)
     })
 }
@@ -542,7 +543,7 @@ fn has_attention(layers: &[spec::LayerSpec]) -> bool {
     layers.iter().any(|l| {
         matches!(
             l.kind,
-            spec::LayerKind::Attention | spec::LayerKind::CrossAttention
+            spec::LayerKind::Attention | spec::LayerKind::CrossAttention | spec::LayerKind::Mla
         ) || l.layers.as_deref().is_some_and(has_attention)
     })
 }

@@ -301,7 +301,12 @@ fn write_run(out: &mut String, r: &Report) -> fmt::Result {
         },
     }
     write!(out, "; ")?;
-    let attention = |k| matches!(k, LayerKind::Attention | LayerKind::CrossAttention);
+    let attention = |k| {
+        matches!(
+            k,
+            LayerKind::Attention | LayerKind::CrossAttention | LayerKind::Mla
+        )
+    };
     if r.layers.iter().any(|l| attention(l.kind)) {
         write!(out, "{} attention, ", s.attention)?;
     }

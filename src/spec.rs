@@ -15,7 +15,8 @@ use crate::vocab::{AttentionImpl, Device, Mode};
 mod layer;
 
 pub use layer::{
-    Approximate, CombineKind, FillMode, LayerKind, LayerSpec, Pair, QkNormScope, Sizes, Style,
+    Approximate, CombineKind, FillMode, LayerKind, LayerSpec, Pair, QkNormScope, Router, Sizes,
+    Style,
 };
 
 /// Which syntax a model description is written in.

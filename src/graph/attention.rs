@@ -2,7 +2,7 @@
 
 use super::RmsStyle;
 use super::keys::{KeyReader, key};
-use crate::spec::{QkNormScope, Style};
+use crate::spec::{QkNormScope, Router, Style};
 
 /// Whose attention module an `attention` layer follows (`style`); they lay tensors out
 /// differently.
@@ -234,6 +234,12 @@ pub struct MoeCfg {
     pub shared_gate: bool,
     /// Renormalize the top-k routing weights (Mixtral: yes; Qwen-MoE: `norm_topk_prob`).
     pub normalize_topk: bool,
+    /// How the experts are picked (`router`, default softmax).
+    pub router: Router,
+    /// Expert groups of DeepSeek's group-limited routing (`groups`, default 1: none).
+    pub groups: u64,
+    /// Groups kept per token (`topk_groups`, default `groups`).
+    pub topk_groups: u64,
 }
 
 impl MoeCfg {
@@ -246,12 +252,91 @@ impl MoeCfg {
             shared_intermediate_size: r.or(key!(s.shared_intermediate_size), 0),
             shared_gate: r.or(key!(s.shared_gate), false),
             normalize_topk: r.or(key!(s.normalize_topk), true),
+            router: r.or(key!(s.router), Router::Softmax),
+            groups: r.pos_or(key!(s.groups), 1),
+            topk_groups: 0,
+        };
+        let cfg = MoeCfg {
+            topk_groups: r.pos_or(key!(s.topk_groups), cfg.groups),
+            ..cfg
         };
         r.finish()?;
+        if !cfg.experts.is_multiple_of(cfg.groups) || cfg.topk_groups > cfg.groups {
+            return Err(format!(
+                "`groups` ({}) must divide `experts` ({}) and `topk_groups` ({}) cannot exceed it",
+                cfg.groups, cfg.experts, cfg.topk_groups
+            ));
+        }
+        if cfg.groups > 1 && cfg.router == Router::Softmax {
+            return Err(
+                "`groups` needs a group-limited `router` (\"deepseek_v2\" or \"deepseek_v3\")"
+                    .into(),
+            );
+        }
+        if cfg.router == Router::DeepseekV3 && cfg.experts / cfg.groups < 2 {
+            return Err("the \"deepseek_v3\" router ranks groups by their two best experts: each group needs at least 2".into());
+        }
         if cfg.top_k > cfg.experts {
             return Err(format!(
                 "`top_k` ({}) cannot exceed `experts` ({})",
                 cfg.top_k, cfg.experts
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3's `DeepseekV3Attention`, `mla`) on `[B, S, H]`:
+/// queries through a low-rank `q_a_proj` (`H → q_lora_rank`), its RMSNorm and `q_b_proj`
+/// (`→ heads·(qk_nope_head_dim + qk_rope_head_dim)`), or one `q_proj` without `q_lora_rank`;
+/// keys and values from one compressed projection `kv_a_proj_with_mqa`
+/// (`H → kv_lora_rank + qk_rope_head_dim`), whose latent part is RMS-normalized and whose
+/// rotary part is one key head shared by every query head. The KV cache holds these two
+/// compressed parts (`[B, 1, S, kv_lora_rank]` and `[B, 1, S, qk_rope_head_dim]`); `kv_b_proj`
+/// (`kv_lora_rank → heads·(qk_nope_head_dim + v_head_dim)`) expands the cached latents into
+/// per-head keys and values on every forward, and `o_proj` maps `heads·v_head_dim` back to `H`.
+/// Needs a `rotary` layer of `head_dim = qk_rope_head_dim` before it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaCfg {
+    /// Query heads (as many key and value heads after the expansion).
+    pub heads: u64,
+    /// Rank of the query compression (`None`: one `q_proj`, DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<u64>,
+    /// Rank of the key/value compression: the cached latent width.
+    pub kv_lora_rank: u64,
+    /// Per-head query/key width without rotary embedding.
+    pub qk_nope_head_dim: u64,
+    /// Per-head query/key width with rotary embedding (the key part is shared by all heads).
+    pub qk_rope_head_dim: u64,
+    /// Per-head value width.
+    pub v_head_dim: u64,
+    /// Biases on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj` (`attention_bias`).
+    pub bias: bool,
+    /// Dropout on the attention probabilities (training only).
+    pub dropout: f64,
+    /// The compressed latents go through transformers' `DynamicCache` (`use_cache`).
+    pub kv_cache: bool,
+}
+
+impl MlaCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = MlaCfg {
+            heads: r.pos(key!(s.heads)),
+            q_lora_rank: r.pos_opt(key!(s.q_lora_rank)),
+            kv_lora_rank: r.pos(key!(s.kv_lora_rank)),
+            qk_nope_head_dim: r.pos(key!(s.qk_nope_head_dim)),
+            qk_rope_head_dim: r.pos(key!(s.qk_rope_head_dim)),
+            v_head_dim: r.pos(key!(s.v_head_dim)),
+            bias: r.or(key!(s.bias), false),
+            dropout: r.prob(key!(s.dropout), 0.0),
+            kv_cache: r.or(key!(s.kv_cache), true),
+        };
+        r.finish()?;
+        if !cfg.qk_rope_head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "`qk_rope_head_dim` must be even for rotary embeddings, got {}",
+                cfg.qk_rope_head_dim
             ));
         }
         Ok(cfg)

@@ -22,7 +22,7 @@ mod view;
 
 use std::collections::HashSet;
 
-pub use attention::{AttentionCfg, AttnStyle, MoeCfg, QkNorm};
+pub use attention::{AttentionCfg, AttnStyle, MlaCfg, MoeCfg, QkNorm};
 pub use conv::{ConvAxis, ConvCfg};
 pub use embed::{
     EmbeddingCfg, PositionEmbeddingCfg, RelativePositionBiasCfg, RotaryCfg, TokenTypeEmbeddingCfg,
@@ -175,6 +175,8 @@ pub enum Op {
     RelativePositionBias(RelativePositionBiasCfg),
     /// `moe`.
     Moe(MoeCfg),
+    /// `mla` (multi-head latent attention).
+    Mla(MlaCfg),
     /// `stochastic_depth`.
     StochasticDepth(StochasticDepthCfg),
     /// T5's `_shift_right` of the labels: a new int64 tensor of the input's shape (the
@@ -479,6 +481,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::CrossAttention => Op::CrossAttention(AttentionCfg::read_cross(r)?),
         K::RelativePositionBias => Op::RelativePositionBias(RelativePositionBiasCfg::read(r)?),
         K::Moe => Op::Moe(MoeCfg::read(r)?),
+        K::Mla => Op::Mla(MlaCfg::read(r)?),
         K::StochasticDepth => Op::StochasticDepth(StochasticDepthCfg::read(r)?),
         K::ShiftRight => {
             r.finish()?;

@@ -78,6 +78,20 @@ pub(super) struct DecoderConfig {
     pub attn_logit_softcapping: Option<Option<f64>>,
     #[serde(default, deserialize_with = "nullable")]
     pub final_logit_softcapping: Option<Option<f64>>,
+    /// DeepSeek's multi-head latent attention (`q_lora_rank: null`: one `q_proj`).
+    #[serde(default, deserialize_with = "nullable")]
+    pub q_lora_rank: Option<Option<u64>>,
+    pub kv_lora_rank: Option<u64>,
+    pub qk_nope_head_dim: Option<u64>,
+    pub qk_rope_head_dim: Option<u64>,
+    pub v_head_dim: Option<u64>,
+    /// DeepSeek's experts.
+    pub n_routed_experts: Option<u64>,
+    pub n_shared_experts: Option<u64>,
+    pub first_k_dense_replace: Option<u64>,
+    pub n_group: Option<u64>,
+    pub topk_group: Option<u64>,
+    pub topk_method: Option<String>,
     /// OLMo's clamp of Q, K and V.
     pub clip_qkv: Option<f64>,
     /// Granite's multipliers.

@@ -13,7 +13,7 @@ use super::layers::{
     repeat, rmsnorm, run_name, runs, with_inputs, with_note,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec, QkNormScope, Style};
+use crate::spec::{LayerKind as K, LayerSpec, QkNormScope, Router, Style};
 
 /// One Llama-style decoder family: the defaults of its transformers config class
 /// (`configuration_<family>.py`) and how its modeling file (`modeling_<family>.py`) differs from
@@ -73,6 +73,9 @@ pub(super) struct DecoderFamily {
     /// defaults when the config leaves a key out; `null` turns one off. `None`: the family
     /// reads neither key.
     pub softcap: Option<SoftCaps>,
+    /// Multi-head latent attention (DeepSeek-V2/V3: `mla`) instead of `self_attn`'s Q/K/V
+    /// projections.
+    pub mla: bool,
     /// Gemma 3: a second rotary table (`rope_local_base_freq`) for the sliding-window layers;
     /// `Gemma3TextModel.forward` computes one `cos`/`sin` pair per layer type present.
     pub rotary_local: bool,
@@ -201,6 +204,16 @@ pub(super) enum Moe {
     /// renormalized as `norm_topk_prob` says (default false), on the layers Qwen2-MoE's rule
     /// picks (Qwen3-MoE: `Qwen3MoeSparseMoeBlock`, a router and the experts).
     Qwen3,
+    /// DeepSeek (`DeepseekV2Moe`, `DeepseekV3MoE`): `n_routed_experts` of
+    /// `moe_intermediate_size`, top `num_experts_per_tok`, an ungated shared expert of
+    /// `n_shared_experts · moe_intermediate_size`, on the layers from `first_k_dense_replace`
+    /// on; V2 routes by softmax (`topk_method` `greedy`, or `group_limited_greedy` over
+    /// `n_group` groups), V3 by sigmoid over `n_group` groups, renormalized as `norm_topk_prob`
+    /// says.
+    Deepseek {
+        /// V3's router (else V2's).
+        v3: bool,
+    },
 }
 
 /// `max_window_layers` when the config leaves it out (Qwen2 and Qwen2-MoE config classes).
@@ -225,6 +238,9 @@ enum Mlp {
         shared: u64,
         shared_gate: bool,
         normalize: bool,
+        router: Router,
+        groups: u64,
+        topk_groups: u64,
     },
 }
 
@@ -279,7 +295,7 @@ fn mlps(
     n_layers: u64,
 ) -> Result<Vec<Mlp>, Error> {
     let moe = match row.moe {
-        Moe::None => None,
+        Moe::None | Moe::Deepseek { .. } => None,
         Moe::Mixtral => Some(Mlp::Moe {
             experts: required!(cfg, c.num_local_experts)?,
             top_k: required!(cfg, c.num_experts_per_tok)?,
@@ -287,6 +303,9 @@ fn mlps(
             shared: 0,
             shared_gate: false,
             normalize: true,
+            router: Router::Softmax,
+            groups: 1,
+            topk_groups: 1,
         }),
         Moe::Qwen3 => {
             let experts = c.num_experts.unwrap_or(QWEN3_MOE_EXPERTS);
@@ -298,6 +317,9 @@ fn mlps(
                     shared: 0,
                     shared_gate: false,
                     normalize: c.norm_topk_prob.unwrap_or(false),
+                    router: Router::Softmax,
+                    groups: 1,
+                    topk_groups: 1,
                 })
             } else {
                 None
@@ -313,11 +335,60 @@ fn mlps(
                     shared: required!(cfg, c.shared_expert_intermediate_size)?,
                     shared_gate: true,
                     normalize: c.norm_topk_prob.unwrap_or(false),
+                    router: Router::Softmax,
+                    groups: 1,
+                    topk_groups: 1,
                 })
             } else {
                 None
             }
         }
+    };
+    let moe = match row.moe {
+        Moe::Deepseek { v3 } => {
+            let experts = required!(cfg, c.n_routed_experts)?;
+            let inter = required!(cfg, c.moe_intermediate_size)?;
+            // V2: group-limited only with `topk_method = "group_limited_greedy"`; V3 always
+            // ranks `n_group` groups (default 8, `topk_group` 4).
+            let (groups, topk_groups) = if v3 {
+                (c.n_group.unwrap_or(8), c.topk_group.unwrap_or(4))
+            } else if c.topk_method.as_deref() == Some("group_limited_greedy") {
+                (required!(cfg, c.n_group)?, required!(cfg, c.topk_group)?)
+            } else {
+                (1, 1)
+            };
+            Some(Mlp::Moe {
+                experts,
+                top_k: if v3 {
+                    c.num_experts_per_tok.unwrap_or(8)
+                } else {
+                    required!(cfg, c.num_experts_per_tok)?
+                },
+                intermediate: inter,
+                shared: inter
+                    .checked_mul(c.n_shared_experts.unwrap_or(if v3 { 1 } else { 2 }))
+                    .ok_or_else(|| {
+                        Error::Overflow(
+                            "the shared experts' width (n_shared_experts × moe_intermediate_size)"
+                                .into(),
+                        )
+                    })?,
+                shared_gate: false,
+                normalize: v3 && c.norm_topk_prob.unwrap_or(true),
+                router: if v3 {
+                    Router::DeepseekV3
+                } else {
+                    Router::DeepseekV2
+                },
+                groups,
+                topk_groups,
+            })
+        }
+        _ => moe,
+    };
+    let first_dense = match row.moe {
+        Moe::Deepseek { v3 } => c.first_k_dense_replace.unwrap_or(if v3 { 3 } else { 0 }),
+        _ => 0,
     };
     let sparse_step = match row.moe {
         Moe::Qwen2 | Moe::Qwen3 => c.decoder_sparse_step.unwrap_or(1),
@@ -326,9 +397,11 @@ fn mlps(
     let mlp_only = c.mlp_only_layers.as_deref().unwrap_or_default();
     (0..n_layers)
         .map(|i| match &moe {
+            Some(m) if matches!(row.moe, Moe::Deepseek { .. }) && i >= first_dense => Ok(m.clone()),
             Some(m)
                 if matches!(row.moe, Moe::Mixtral)
-                    || (!mlp_only.contains(&i)
+                    || (!matches!(row.moe, Moe::Deepseek { .. })
+                        && !mlp_only.contains(&i)
                         && sparse_step > 0
                         && (i + 1) % sparse_step == 0) =>
             {
@@ -429,6 +502,22 @@ pub(super) fn decoder(
     )]
     let rotary_dim = ((head_dim as f64 * partial) as u64).max(2);
 
+    let mla = if row.mla {
+        Some((
+            match c.q_lora_rank {
+                Some(r) => r,
+                None => Some(1536),
+            },
+            c.kv_lora_rank.unwrap_or(512),
+            c.qk_nope_head_dim.unwrap_or(128),
+            c.qk_rope_head_dim.unwrap_or(64),
+            c.v_head_dim.unwrap_or(128),
+        ))
+    } else {
+        None
+    };
+    // DeepSeek's rotary embedding covers the `qk_rope_head_dim` part only.
+    let rotary_dim = mla.map_or(rotary_dim, |m| m.3);
     let p = module_path(head, "model");
     let mut out = Vec::new();
     let embed = p("embed_tokens");
@@ -513,6 +602,7 @@ pub(super) fn decoder(
                     .multipliers
                     .then(|| c.residual_multiplier.unwrap_or(1.0)),
                 softcap: attn_softcap,
+                mla,
             },
             &v.mlp,
             mlp_bias,
@@ -602,6 +692,9 @@ struct DecoderAttn {
     residual_multiplier: Option<f64>,
     /// Gemma 2's `attn_logit_softcapping`.
     softcap: Option<f64>,
+    /// DeepSeek's multi-head latent attention: `(q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+    /// qk_rope_head_dim, v_head_dim)`.
+    mla: Option<(Option<u64>, u64, u64, u64, u64)>,
 }
 
 /// One decoder layer: attention and MLP, each with its residual, normalized before
@@ -618,10 +711,37 @@ fn decoder_layer(
     resid_dropout: f64,
 ) -> Result<Vec<LayerSpec>, Error> {
     let post = row.placement == NormPlacement::Post;
-    let sandwich = row.placement == NormPlacement::Sandwich;
     let mut body = Vec::new();
     if !post {
         push(&mut body, family_norm(row, "input_layernorm"));
+    }
+    if let Some((q_lora_rank, kv_lora_rank, nope, rope, v)) = a.mla {
+        // DeepseekV3Attention (modeling_deepseek_v3.py): multi-head latent attention.
+        let prev = push(
+            &mut body,
+            LayerSpec {
+                heads: Some(a.heads),
+                q_lora_rank,
+                kv_lora_rank: Some(kv_lora_rank),
+                qk_nope_head_dim: Some(nope),
+                qk_rope_head_dim: Some(rope),
+                v_head_dim: Some(v),
+                bias: a.out_bias.then_some(true),
+                dropout: (a.dropout > 0.0).then_some(a.dropout),
+                ..layer(K::Mla, "self_attn")
+            },
+        );
+        return finish_layer(
+            cfg,
+            row,
+            act_name,
+            a,
+            mlp,
+            mlp_bias,
+            resid_dropout,
+            body,
+            prev,
+        );
     }
     let mut attn = LayerSpec {
         heads: Some(a.heads),
@@ -648,6 +768,35 @@ fn decoder_layer(
         attn.note = Some("Phi-3's fused qkv_proj".into());
     }
     let prev = push(&mut body, attn);
+    finish_layer(
+        cfg,
+        row,
+        act_name,
+        a,
+        mlp,
+        mlp_bias,
+        resid_dropout,
+        body,
+        prev,
+    )
+}
+
+/// The rest of a decoder layer after its attention (`prev`): the norms after it, the residual,
+/// the MLP and its residual.
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+fn finish_layer(
+    cfg: &Cfg,
+    row: &DecoderFamily,
+    act_name: &str,
+    a: &DecoderAttn,
+    mlp: &Mlp,
+    mlp_bias: bool,
+    resid_dropout: f64,
+    mut body: Vec<LayerSpec>,
+    prev: String,
+) -> Result<Vec<LayerSpec>, Error> {
+    let post = row.placement == NormPlacement::Post;
+    let sandwich = row.placement == NormPlacement::Sandwich;
     let prev = if post || sandwich {
         push(&mut body, family_norm(row, "post_attention_layernorm"))
     } else {
@@ -752,6 +901,9 @@ fn decoder_layer(
             shared,
             shared_gate,
             normalize,
+            router,
+            groups,
+            topk_groups,
         } => {
             if act_name != "silu" && act_name != "swish" {
                 return Err(cfg.err(format!(
@@ -767,6 +919,9 @@ fn decoder_layer(
                     shared_intermediate_size: (*shared > 0).then_some(*shared),
                     shared_gate: shared_gate.then_some(true),
                     normalize_topk: Some(*normalize),
+                    router: (*router != Router::Softmax).then_some(*router),
+                    groups: (*groups > 1).then_some(*groups),
+                    topk_groups: (*topk_groups != *groups).then_some(*topk_groups),
                     ..layer(K::Moe, "mlp")
                 },
             )

@@ -72,6 +72,7 @@ const LLAMA: DecoderFamily = DecoderFamily {
     multipliers: false,
     softcap: None,
     rotary_local: false,
+    mla: false,
 };
 
 /// The Llama-style decoder families, one row each: the defaults of the transformers config
@@ -210,6 +211,28 @@ const DECODERS: &[DecoderFamily] = &[
             logits: None,
         }),
         rotary_local: true,
+        ..LLAMA
+    },
+    // DeepseekV2Config / modeling_deepseek_v2.py: multi-head latent attention, dense layers
+    // before `first_k_dense_replace` (default 0), softmax-routed experts with shared ones.
+    DecoderFamily {
+        model_type: "deepseek_v2",
+        arch_prefix: "deepseekv2",
+        max_positions: 2048,
+        mlp_bias: false,
+        mla: true,
+        moe: Moe::Deepseek { v3: false },
+        ..LLAMA
+    },
+    // DeepseekV3Config / modeling_deepseek_v3.py: as V2, sigmoid group-limited routing with a
+    // correction bias, the first three layers dense by default.
+    DecoderFamily {
+        model_type: "deepseek_v3",
+        arch_prefix: "deepseekv3",
+        max_positions: 4096,
+        mlp_bias: false,
+        mla: true,
+        moe: Moe::Deepseek { v3: true },
         ..LLAMA
     },
     DecoderFamily {

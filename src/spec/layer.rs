@@ -156,6 +156,23 @@ pub struct LayerSpec {
     pub shared_gate: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub normalize_topk: Option<bool>,
+    /// Which router picks the experts: `"softmax"` (the default) or DeepSeek's
+    /// group-limited ones, `"deepseek_v2"` and `"deepseek_v3"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router: Option<Router>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topk_groups: Option<u64>,
+    // multi-head latent attention
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub q_lora_rank: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_lora_rank: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_nope_head_dim: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qk_rope_head_dim: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v_head_dim: Option<u64>,
     // attention extras
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qk_norm: Option<bool>,
@@ -388,6 +405,22 @@ pub enum QkNormScope {
     Projection,
 }
 
+/// `router`: how a `moe` layer picks its experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Router {
+    /// A float32 softmax over the router logits, then top-k (Mixtral, Qwen-MoE; the default).
+    Softmax,
+    /// DeepSeek-V2's `DeepseekV2TopkRouter`: float32 logits from float32 copies of the input
+    /// and weight, softmax, and with `groups > 1` the best `topk_groups` groups by their
+    /// maximum (`group_limited_greedy`) before the top-k; weights times a scale.
+    DeepseekV2,
+    /// DeepSeek-V3's `DeepseekV3TopkRouter`: float32 logits as V2, sigmoid, a correction bias
+    /// (a buffer), the best `topk_groups` groups by their two best scores, the top-k gathered
+    /// from the sigmoid scores, renormalized and scaled.
+    DeepseekV3,
+}
+
 macro_rules! layer_kinds {
     ($($variant:ident => $name:literal $(| $alias:literal)*),* $(,)?) => {
         /// The kind of a layer, as named in the `kind` key.
@@ -461,6 +494,7 @@ layer_kinds! {
     CrossAttention => "cross_attention",
     RelativePositionBias => "relative_position_bias",
     Moe => "moe" | "mixture_of_experts",
+    Mla => "mla" | "latent_attention",
     StochasticDepth => "stochastic_depth",
     ShiftRight => "shift_right",
     Scale => "scale",

@@ -196,75 +196,7 @@ impl Tracer<'_> {
             && !torch_mha
             && !(self.training() && self.s.checkpoint)
         {
-            let past = if cross {
-                0
-            } else {
-                c.sliding_window.map_or(self.past(), |w| self.past().min(w))
-            };
-            let mut copies = Vec::new();
-            for (t, what) in [(k, "key cache"), (v, "value cache")] {
-                let tv = self.val(t).clone();
-                let mut full = tv.shape.dims().to_vec();
-                full[2] = checked(full[2].checked_add(past), "the cached tokens")?;
-                let full = Shape::new(full);
-                let (kind, cache_shape, dt) = if self.training() {
-                    (StorageKind::Activation, tv.shape.clone(), tv.dtype)
-                } else {
-                    let mut dims = full.dims().to_vec();
-                    if let Some(w) = c.sliding_window.filter(|_| past == 0) {
-                        dims[2] = dims[2].min(w);
-                    }
-                    (
-                        StorageKind::KvCache,
-                        Shape::new(dims),
-                        self.s.kv_dtype.unwrap_or(tv.dtype),
-                    )
-                };
-                let mut inputs = Vec::new();
-                if past > 0 {
-                    let mut dims = tv.shape.dims().to_vec();
-                    dims[2] = past;
-                    let shape = Shape::new(dims);
-                    let old = self.storage(&shape, dt, StorageKind::PastKvCache, what)?;
-                    inputs.push(self.value(old, shape, dt, Layout::Contiguous, false, false));
-                }
-                inputs.push(t);
-                let cache = self.storage(&cache_shape, dt, kind, what)?;
-                // The cache is returned in the model's output (`past_key_values`), which the
-                // training loop holds until the step ends (`out = model(..)`, `out.loss.backward()`,
-                // `optimizer.step()`): in training too it outlives backward.
-                self.tape.held.push(cache);
-                let cv = if cache_shape == full && dt == tv.dtype {
-                    // Attention reads the cache itself.
-                    let cv = self.value(
-                        cache,
-                        full.clone(),
-                        tv.dtype,
-                        Layout::Contiguous,
-                        tv.requires_grad,
-                        false,
-                    );
-                    self.call(Call::new(AtenOp::Cat, inputs, vec![cv]))?;
-                    cv
-                } else {
-                    // A windowed or re-typed cache is written; attention reads this pass's K/V
-                    // (with the past tokens, a joined copy in the activations' dtype).
-                    self.call(
-                        Call::new(AtenOp::CacheUpdate, inputs.clone(), Vec::new())
-                            .allocs(vec![cache]),
-                    )?;
-                    if past > 0 {
-                        let joined =
-                            self.fresh(full.clone(), tv.dtype, "cached keys and values", false)?;
-                        self.call(Call::new(AtenOp::Cat, inputs, vec![joined]))?;
-                        joined
-                    } else {
-                        t
-                    }
-                };
-                copies.push(cv);
-            }
-            (copies[0], copies[1])
+            self.kv_cache_copies(k, v, c.sliding_window, cross)?
         } else {
             (k, v)
         };
@@ -338,6 +270,87 @@ impl Tracer<'_> {
             return Ok(yt);
         }
         Ok(y)
+    }
+
+    /// transformers' `DynamicCache.update` for one layer: `torch.cat`-ed copies of `k` and `v`
+    /// (`[B, heads, S, d]`, any widths), held until the step ends; in inference kept in
+    /// `--kv-dtype`, capped at `sliding_window`, and in a decode step joined to the `past`
+    /// tokens. Returns what attention reads. See [`Self::attention`].
+    pub(super) fn kv_cache_copies(
+        &mut self,
+        k: ValueId,
+        v: ValueId,
+        sliding_window: Option<u64>,
+        cross: bool,
+    ) -> Result<(ValueId, ValueId), Error> {
+        let past = if cross {
+            0
+        } else {
+            sliding_window.map_or(self.past(), |w| self.past().min(w))
+        };
+        let mut copies = Vec::new();
+        for (t, what) in [(k, "key cache"), (v, "value cache")] {
+            let tv = self.val(t).clone();
+            let mut full = tv.shape.dims().to_vec();
+            full[2] = checked(full[2].checked_add(past), "the cached tokens")?;
+            let full = Shape::new(full);
+            let (kind, cache_shape, dt) = if self.training() {
+                (StorageKind::Activation, tv.shape.clone(), tv.dtype)
+            } else {
+                let mut dims = full.dims().to_vec();
+                if let Some(w) = sliding_window.filter(|_| past == 0) {
+                    dims[2] = dims[2].min(w);
+                }
+                (
+                    StorageKind::KvCache,
+                    Shape::new(dims),
+                    self.s.kv_dtype.unwrap_or(tv.dtype),
+                )
+            };
+            let mut inputs = Vec::new();
+            if past > 0 {
+                let mut dims = tv.shape.dims().to_vec();
+                dims[2] = past;
+                let shape = Shape::new(dims);
+                let old = self.storage(&shape, dt, StorageKind::PastKvCache, what)?;
+                inputs.push(self.value(old, shape, dt, Layout::Contiguous, false, false));
+            }
+            inputs.push(t);
+            let cache = self.storage(&cache_shape, dt, kind, what)?;
+            // The cache is returned in the model's output (`past_key_values`), which the
+            // training loop holds until the step ends (`out = model(..)`, `out.loss.backward()`,
+            // `optimizer.step()`): in training too it outlives backward.
+            self.tape.held.push(cache);
+            let cv = if cache_shape == full && dt == tv.dtype {
+                // Attention reads the cache itself.
+                let cv = self.value(
+                    cache,
+                    full.clone(),
+                    tv.dtype,
+                    Layout::Contiguous,
+                    tv.requires_grad,
+                    false,
+                );
+                self.call(Call::new(AtenOp::Cat, inputs, vec![cv]))?;
+                cv
+            } else {
+                // A windowed or re-typed cache is written; attention reads this pass's K/V
+                // (with the past tokens, a joined copy in the activations' dtype).
+                self.call(
+                    Call::new(AtenOp::CacheUpdate, inputs.clone(), Vec::new()).allocs(vec![cache]),
+                )?;
+                if past > 0 {
+                    let joined =
+                        self.fresh(full.clone(), tv.dtype, "cached keys and values", false)?;
+                    self.call(Call::new(AtenOp::Cat, inputs, vec![joined]))?;
+                    joined
+                } else {
+                    t
+                }
+            };
+            copies.push(cv);
+        }
+        Ok((copies[0], copies[1]))
     }
 
     /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
@@ -418,7 +431,11 @@ impl Tracer<'_> {
             unreachable!("heads view is rank 4")
         };
         let rg = qv.requires_grad || self.rg(k) || self.rg(v);
+        let hd_v = self.val(v).shape.dims().get(3).copied().unwrap_or(hd);
         let kernel = match self.s.device {
+            // `check_head_dim_size_cpp` (sdp_utils_cpp.cpp): the CPU flash kernel needs equal
+            // query, key and value widths (multi-head latent attention has a narrower value).
+            Device::Cpu if hd_v != hd => SdpaKernel::Math,
             Device::Cpu => SdpaKernel::Flash,
             Device::Cuda => {
                 let (kd, vd) = (self.val(k).shape.dims(), self.val(v).shape.dims());
@@ -461,13 +478,14 @@ impl Tracer<'_> {
         } else {
             s
         };
+        let out_shape = Shape::from([b, heads, s, hd_v]);
         let out_s = self.storage(
-            &qv.shape,
+            &out_shape,
             qv.dtype,
             StorageKind::Activation,
             "attention output",
         )?;
-        let out = self.value(out_s, qv.shape.clone(), qv.dtype, layout, rg, false);
+        let out = self.value(out_s, out_shape, qv.dtype, layout, rg, false);
         let lse = self.storage(
             &Shape::from([b, heads, lse_len]),
             DType::Float32,
@@ -498,7 +516,7 @@ impl Tracer<'_> {
         let v = self.autocast_input(v)?;
         let (k, v) = self.repeat_kv_heads(k, v, c)?;
         let qv = self.val(q).clone();
-        let &[b, heads, s, hd] = qv.shape.dims() else {
+        let &[b, heads, s, _] = qv.shape.dims() else {
             unreachable!("heads view is rank 4")
         };
         let s_kv = self.val(k).shape.dims()[2];
@@ -538,10 +556,11 @@ impl Tracer<'_> {
         // (T5 adds a float32 position bias, so its softmax runs in float32).
         let probs = self.autocast_input(probs)?;
         let vm = self.contiguous(v)?;
+        let hd_v = self.val(vm).shape.dims()[3];
         self.bmm(
             probs,
             vm,
-            Shape::from([b, heads, s, hd]),
+            Shape::from([b, heads, s, hd_v]),
             qv.dtype,
             "context",
         )
@@ -611,10 +630,11 @@ impl Tracer<'_> {
         let probs = self.unary(masked, AtenOp::Softmax)?;
         let probs = self.dropout(probs, c.dropout, false)?;
         let vm = self.contiguous(v)?;
+        let hd_v = self.val(vm).shape.dims()[3];
         let ctx = self.bmm(
             probs,
             vm,
-            Shape::from([b, heads, s, hd]),
+            Shape::from([b, heads, s, hd_v]),
             qv.dtype,
             "context",
         )?;

@@ -14,6 +14,7 @@ pub mod aten;
 mod attention;
 mod call;
 mod elementwise;
+mod mla;
 mod moe;
 mod ops;
 mod params;
@@ -36,8 +37,8 @@ use crate::cost::Quant;
 use crate::dtype::DType;
 use crate::error::{Error, LayerAt, LayerErrorKind, SettingKey};
 use crate::graph::{
-    Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, Model, MoeCfg, Node, Op,
-    QkNorm, RmsStyle,
+    Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, MlaCfg, Model, MoeCfg,
+    Node, Op, QkNorm, RmsStyle,
 };
 use crate::settings::{Loss, Settings};
 use crate::shape::Shape;

@@ -2,6 +2,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::spec::Router;
 
 impl Tracer<'_> {
     /// A sparse MoE block as transformers 5 runs it with `grouped_mm` experts
@@ -19,44 +20,9 @@ impl Tracer<'_> {
         let a = xv.dtype;
         let t = checked(b.checked_mul(s), "the token count")?;
         let tk = checked(t.checked_mul(c.top_k), "the routed row count")?;
-        // Router.
-        let logits = self.projection(x, h, c.experts, false, train, "gate")?;
-        let lf = self.upcast_f32(logits)?;
-        let probs = self.unary(lf, AtenOp::Softmax)?;
-        let rg = self.rg(probs);
-        let topv = self.fresh(
-            Shape::from([t, c.top_k]),
-            DType::Float32,
-            "top-k weights",
-            rg,
-        )?;
-        let idx = self.storage(
-            &Shape::from([t, c.top_k]),
-            DType::Int64,
-            StorageKind::Activation,
-            "top-k indices",
-        )?;
-        let call = Call::new(AtenOp::Topk, vec![probs], vec![topv]);
-        self.call(call.aux(vec![idx]).results(vec![idx]))?;
-        let weights = if c.normalize_topk {
-            let sum = self.storage(
-                &Shape::from([t, 1]),
-                DType::Float32,
-                StorageKind::Activation,
-                "top-k sum",
-            )?;
-            let clone = self.storage(
-                &Shape::from([t, c.top_k]),
-                DType::Float32,
-                StorageKind::Activation,
-                "top-k weights clone",
-            )?;
-            let y = self.view_of(topv, Shape::from([t, c.top_k]), Layout::Contiguous);
-            let call = Call::new(AtenOp::DivInplace, vec![topv], vec![y]);
-            self.call(call.aux(vec![sum, clone]).allocs(vec![sum, clone]))?;
-            y
-        } else {
-            topv
+        let weights = match c.router {
+            Router::Softmax => self.softmax_router(x, c, t, train)?,
+            Router::DeepseekV2 | Router::DeepseekV3 => self.deepseek_router(x, c, t, train)?,
         };
         let w_act = if a == DType::Float32 {
             weights
@@ -159,6 +125,174 @@ impl Tracer<'_> {
             shared = self.mul(sg, shared)?;
         }
         self.add(&[out, shared], false)
+    }
+
+    /// The softmax router (`MixtralSparseMoeBlock`'s gate): logits in the activations' dtype,
+    /// a float32 softmax, top-k and, with [`MoeCfg::normalize_topk`], renormalized; returns
+    /// the float32 top-k weights `[T, k]`.
+    fn softmax_router(
+        &mut self,
+        x: ValueId,
+        c: &MoeCfg,
+        t: u64,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let h = self.val(x).shape.dims()[2];
+        let logits = self.projection(x, h, c.experts, false, train, "gate")?;
+        let lf = self.upcast_f32(logits)?;
+        let probs = self.unary(lf, AtenOp::Softmax)?;
+        let rg = self.rg(probs);
+        let topv = self.fresh(
+            Shape::from([t, c.top_k]),
+            DType::Float32,
+            "top-k weights",
+            rg,
+        )?;
+        let idx = self.storage(
+            &Shape::from([t, c.top_k]),
+            DType::Int64,
+            StorageKind::Activation,
+            "top-k indices",
+        )?;
+        let call = Call::new(AtenOp::Topk, vec![probs], vec![topv]);
+        self.call(call.aux(vec![idx]).results(vec![idx]))?;
+        let weights = if c.normalize_topk {
+            let sum = self.storage(
+                &Shape::from([t, 1]),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k sum",
+            )?;
+            let clone = self.storage(
+                &Shape::from([t, c.top_k]),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k weights clone",
+            )?;
+            let y = self.view_of(topv, Shape::from([t, c.top_k]), Layout::Contiguous);
+            let call = Call::new(AtenOp::DivInplace, vec![topv], vec![y]);
+            self.call(call.aux(vec![sum, clone]).allocs(vec![sum, clone]))?;
+            y
+        } else {
+            topv
+        };
+        Ok(weights)
+    }
+
+    /// DeepSeek's routers (`DeepseekV2TopkRouter`, `DeepseekV3TopkRouter`): float32 logits from
+    /// float32 copies of the tokens and the `[E, H]` weight (`F.linear(x.type(float32),
+    /// weight.type(float32))`, which keeps both), then V2 a softmax, V3 a sigmoid (each keeps
+    /// its output) plus the `e_score_correction_bias` buffer. With groups, the group-limited
+    /// choice (one composite step: the per-group top-2 (V3) or maximum (V2) keeps its int64
+    /// indices, the group `topk` its indices, the inverted boolean `[T, E]` mask that
+    /// `masked_fill` keeps), then `topk` (keeps its indices); V3 gathers the weights from the
+    /// sigmoid scores and renormalizes them as `norm_topk_prob` says; both scale them by
+    /// `routed_scaling_factor` (a new tensor). Returns the float32 weights `[T, k]`.
+    fn deepseek_router(
+        &mut self,
+        x: ValueId,
+        c: &MoeCfg,
+        t: u64,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let h = xv.shape.dims()[2];
+        let e = c.experts;
+        let w = self.param(Shape::from([e, h]), train)?;
+        if c.router == Router::DeepseekV3 {
+            self.buffer(Shape::from([e]), DType::Float32, "e_score_correction_bias")?;
+        }
+        let xf = self.upcast_f32(x)?;
+        let wf = self.upcast_f32(w)?;
+        let logits = self.linear(xf, wf, None, e)?;
+        let v3 = c.router == Router::DeepseekV3;
+        let scores = self.unary(logits, if v3 { AtenOp::Sigmoid } else { AtenOp::Softmax })?;
+        let rg = self.rg(scores);
+        let f32 = |n: u64| Shape::from([t, n]);
+        let idx = self.storage(
+            &f32(c.top_k),
+            DType::Int64,
+            StorageKind::Activation,
+            "top-k indices",
+        )?;
+        let topv = self.fresh(f32(c.top_k), DType::Float32, "top-k weights", rg)?;
+        if v3 || c.groups > 1 {
+            // V3 always ranks groups (one group included); V2 with `group_limited_greedy`.
+            let per_group = if v3 { 2 } else { 1 };
+            let g = c.groups;
+            let mut saved = Vec::new();
+            for (what, shape, dt) in [
+                (
+                    "group top indices",
+                    Shape::from([t, g, per_group]),
+                    DType::Int64,
+                ),
+                ("group indices", f32(c.topk_groups), DType::Int64),
+                ("inverted score mask", f32(e), DType::Bool),
+            ] {
+                saved.push(self.storage(&shape, dt, StorageKind::Activation, what)?);
+            }
+            saved.push(idx);
+            let mut allocs = saved.clone();
+            if v3 {
+                // `scores + e_score_correction_bias`
+                allocs.push(self.storage(
+                    &f32(e),
+                    DType::Float32,
+                    StorageKind::Activation,
+                    "scores for choice",
+                )?);
+            }
+            for (what, shape, dt) in [
+                (
+                    "group top values",
+                    Shape::from([t, g, per_group]),
+                    DType::Float32,
+                ),
+                ("group scores", f32(g), DType::Float32),
+                ("group top-k values", f32(c.topk_groups), DType::Float32),
+                ("group mask", f32(g), DType::Float32),
+                ("score mask", f32(e), DType::Float32),
+                ("score mask (bool)", f32(e), DType::Bool),
+                ("masked scores", f32(e), DType::Float32),
+            ] {
+                allocs.push(self.storage(&shape, dt, StorageKind::Activation, what)?);
+            }
+            let call = Call::new(AtenOp::GroupLimitedTopk, vec![scores], vec![topv]);
+            self.call(call.aux(saved).allocs(allocs))?;
+        } else {
+            let call = Call::new(AtenOp::Topk, vec![scores], vec![topv]);
+            self.call(call.aux(vec![idx]).results(vec![idx]))?;
+        }
+        let weights = if v3 && c.normalize_topk {
+            // `denominator = topk_weights.sum(-1, keepdim=True) + 1e-20; topk_weights /= ..`
+            let sum = self.storage(
+                &f32(1),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k sum",
+            )?;
+            let den = self.storage(
+                &f32(1),
+                DType::Float32,
+                StorageKind::Activation,
+                "denominator",
+            )?;
+            let clone = self.storage(
+                &f32(c.top_k),
+                DType::Float32,
+                StorageKind::Activation,
+                "top-k weights clone",
+            )?;
+            let y = self.view_of(topv, f32(c.top_k), Layout::Contiguous);
+            let call = Call::new(AtenOp::DivInplace, vec![topv], vec![y]);
+            self.call(call.aux(vec![den, clone]).allocs(vec![sum, den, clone]))?;
+            y
+        } else {
+            topv
+        };
+        // `topk_weights * self.routed_scaling_factor`
+        self.unary(weights, AtenOp::MulScalar)
     }
 
     /// `torch._grouped_mm(rows, weights, offs)`: keeps its input rows and the offsets (and the

@@ -92,6 +92,11 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/siglip-base-patch16-224-text.json", 110_271_744),
     // gemma-3-1b-pt: Gemma 2's layer with q_norm/k_norm, 4 heads of 256 over one K/V head.
     ("examples/hf/gemma-3-1b-pt.json", 999_885_952),
+    // DeepSeek-V3: multi-head latent attention, 3 dense layers, 58 of 256 routed experts and
+    // one shared (the multi-token-prediction layer 61 is not part of the transformers model).
+    ("examples/hf/deepseek-v3.json", 671_026_404_352),
+    // DeepSeek-V2-Lite: one q_proj (q_lora_rank null), 64 experts, 2 shared.
+    ("examples/hf/deepseek-v2-lite.json", 15_706_484_224),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -869,4 +874,58 @@ fn gemma3_sliding_pattern_qk_norms_and_two_rotary_tables() {
     expected.push((2, true));
     assert_eq!(blocks, expected);
     assert_eq!(l.last().unwrap()["name"].as_str(), Some("loss"));
+}
+
+/// DeepSeek-V3: multi-head latent attention on every layer, three dense layers then the
+/// sigmoid-routed experts over 8 groups with one shared expert; a decoder `--mode generate`
+/// accepts, its cache holding the compressed latents.
+#[test]
+fn deepseek_v3_latent_attention_dense_then_grouped_experts() {
+    let t = printed(&["examples/hf/deepseek-v3.json"]);
+    let l = layers(&t);
+    let blocks: Vec<&toml::Table> = l
+        .iter()
+        .filter(|l| l["kind"].as_str() == Some("repeat"))
+        .collect();
+    let counts: Vec<i64> = blocks
+        .iter()
+        .map(|b| b["count"].as_integer().unwrap())
+        .collect();
+    assert_eq!(counts, [3, 58]);
+    let find = |b: &toml::Table, kind: &str| {
+        b["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["kind"].as_str() == Some(kind))
+            .cloned()
+    };
+    let mla = find(blocks[0], "mla").unwrap();
+    assert_eq!(mla["q_lora_rank"].as_integer(), Some(1536));
+    assert_eq!(mla["kv_lora_rank"].as_integer(), Some(512));
+    assert!(find(blocks[0], "moe").is_none());
+    let moe = find(blocks[1], "moe").unwrap();
+    assert_eq!(moe["router"].as_str(), Some("deepseek_v3"));
+    assert_eq!(moe["groups"].as_integer(), Some(8));
+    assert_eq!(moe["topk_groups"].as_integer(), Some(4));
+    assert_eq!(moe["shared_intermediate_size"].as_integer(), Some(2048));
+    let rotary = l
+        .iter()
+        .find(|l| l["kind"].as_str() == Some("rotary"))
+        .unwrap();
+    assert_eq!(rotary["head_dim"].as_integer(), Some(64));
+    // Serving: the cache holds kv_lora_rank + qk_rope_head_dim per token and layer.
+    let r = report(&[
+        "tests/fixtures/hf/deepseek_v3_tiny.json",
+        "--mode",
+        "generate",
+        "--new-tokens",
+        "16",
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+    ]);
+    // 3 layers × batch 2 × 79 cached tokens × (64 + 16) × 4 B at the last decode step.
+    assert_eq!(r["kv_cache_bytes"].as_u64(), Some(3 * 2 * 79 * 80 * 4));
 }

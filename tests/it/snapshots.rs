@@ -160,6 +160,7 @@ mod example {
         hf_siglip_base_patch16_224_vision_nohead => "examples/hf/siglip-base-patch16-224-vision-nohead.json",
         hf_siglip_base_patch16_224_text => "examples/hf/siglip-base-patch16-224-text.json",
         hf_gemma_3_1b_pt => "examples/hf/gemma-3-1b-pt.json",
+        hf_deepseek_v3 => "examples/hf/deepseek-v3.json",
     }
 }
 

@@ -172,6 +172,11 @@ pub enum AtenOp {
     /// Composite: MoE dispatch (`argsort` of the routed experts, the gather of the token rows
     /// and the group offsets), keeping the permutation, its `// k`, its inverse and the offsets.
     MoeDispatch,
+    /// Composite: DeepSeek's expert choice after the router's scores (`DeepseekV2TopkRouter`,
+    /// `DeepseekV3TopkRouter`): the group-limited mask (per-group top-2 or maximum, the group
+    /// `topk`, `scatter_`, the expanded mask, `masked_fill`), then `topk` and, for V3, `gather`
+    /// from the scores; keeps the int64 indices of each `topk`/`max` and the boolean mask.
+    GroupLimitedTopk,
     /// Composite: the `cos`/`sin` tables of a rotary embedding module.
     RotaryTables,
     /// Composite: `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`).
@@ -285,6 +290,7 @@ impl AtenOp {
             AtenOp::PadCircular => "_pad_circular",
             AtenOp::FlashAttention => "_scaled_dot_product_flash_attention",
             AtenOp::MoeDispatch => "moe_dispatch",
+            AtenOp::GroupLimitedTopk => "group_limited_topk",
             AtenOp::RotaryTables => "rotary_embedding",
             AtenOp::ApplyRotary => "apply_rotary_pos_emb",
             AtenOp::RepeatKv => "repeat_kv",
@@ -628,6 +634,19 @@ impl AtenOp {
                 &["hidden_states"],
                 &["result"],
                 &["perm_div_k", "perm", "inverse_perm", "offs"],
+                SaveRule::always(&[Aux(0), Aux(1), Aux(2), Aux(3)]),
+            ),
+            // Every auxiliary (indices, the inverted mask) is kept.
+            AtenOp::GroupLimitedTopk => spec(
+                None,
+                &["scores"],
+                &["topk_weights"],
+                &[
+                    "group_top_indices",
+                    "group_indices",
+                    "inverted_mask",
+                    "indices",
+                ],
                 SaveRule::always(&[Aux(0), Aux(1), Aux(2), Aux(3)]),
             ),
             AtenOp::ApplyRotary => spec(

@@ -101,6 +101,7 @@ impl Tracer<'_> {
             Op::Attention(c) => self.attention(x, x, c, train),
             Op::CrossAttention(c) => self.attention(inputs[0], inputs[1], c, train),
             Op::Moe(c) => self.moe(x, c, train),
+            Op::Mla(c) => self.mla(x, c, train),
             Op::StochasticDepth(c) => self.stochastic_depth(c, x),
             Op::ShiftRight => self.shift_right(x),
             Op::Scale(_) => self.unary(x, AtenOp::MulScalar),
