@@ -306,6 +306,30 @@ pub struct Cli {
     /// Whose tensor parallelism: PyTorch DTensor (default) or Megatron-LM.
     #[arg(long, value_enum, value_name = "STYLE", help_heading = "Several GPUs")]
     tp_style: Option<memest::parallel::TpStyle>,
+    /// Pipeline-parallel stages: the repeated blocks split evenly across P GPUs (embeddings on
+    /// the first stage, head and loss on the last); figures are the worst stage's.
+    #[arg(long, value_parser = parse_positive, value_name = "P", help_heading = "Several GPUs")]
+    pp: Option<u64>,
+    /// The pipeline schedule (default 1f1b).
+    #[arg(long, value_enum, requires = "pp", help_heading = "Several GPUs")]
+    schedule: Option<memest::parallel::Schedule>,
+    /// Micro-batches per step, each of --batch samples (default: --pp).
+    #[arg(long, value_parser = parse_positive, value_name = "M", requires = "pp", help_heading = "Several GPUs")]
+    micro_batches: Option<u64>,
+    /// Model chunks per GPU of the interleaved schedule (default 2).
+    #[arg(long, value_parser = parse_positive, value_name = "V", requires = "pp", help_heading = "Several GPUs")]
+    virtual_stages: Option<u64>,
+    /// Expert-parallel ranks: each mixture-of-experts layer's experts divided across E GPUs.
+    #[arg(long, value_parser = parse_positive, value_name = "E", help_heading = "Several GPUs")]
+    ep: Option<u64>,
+    /// Expert capacity factor under --ep (default: dropless).
+    #[arg(
+        long,
+        value_name = "FACTOR",
+        requires = "ep",
+        help_heading = "Several GPUs"
+    )]
+    capacity_factor: Option<f64>,
 }
 
 /// How the report is printed.
@@ -713,6 +737,14 @@ impl Cli {
             sp: self.sp,
             cp: self.cp,
             tp_style: self.tp_style,
+            pipeline: memest::parallel::PipelineFlags {
+                pp: self.pp,
+                schedule: self.schedule,
+                micro_batches: self.micro_batches,
+                virtual_stages: self.virtual_stages,
+            },
+            ep: self.ep,
+            capacity_factor: self.capacity_factor,
         };
         let overrides = Overrides {
             batch,

@@ -214,6 +214,89 @@ fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Resul
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
+    writeln!(out, "{table}")?;
+    write_stages(out, p, units)
+}
+
+/// Pipeline parallelism: the stages side by side, when they differ (the table above is the
+/// worst one's).
+fn write_stages(
+    out: &mut String,
+    p: &crate::report::ParallelReport,
+    units: UnitSystem,
+) -> fmt::Result {
+    let Some(first) = p.stages.first() else {
+        return Ok(());
+    };
+    let fmt = |b: u64| format_bytes(b, units);
+    let worst = p
+        .stages
+        .iter()
+        .max_by_key(|s| s.peak_bytes)
+        .unwrap_or(first);
+    let differ = p
+        .stages
+        .iter()
+        .any(|s| s.peak_bytes != first.peak_bytes || s.model_states != first.model_states);
+    if !differ {
+        return writeln!(
+            out,
+            "pipeline: all {} stages alike; the figures above are each one's",
+            p.stages.len()
+        );
+    }
+    writeln!(
+        out,
+        "pipeline stages (the figures above are stage {}'s, the largest):",
+        worst.stage
+    )?;
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header([
+        "Stage",
+        "Blocks",
+        "In flight",
+        "Model states",
+        "Saved / micro-batch",
+        "Activations",
+        "Peak",
+    ]);
+    for s in &p.stages {
+        let m = &s.model_states;
+        let states = m
+            .parameters_bytes
+            .saturating_add(m.gradients_bytes)
+            .saturating_add(m.optimizer_state_bytes)
+            .saturating_add(m.master_weights_bytes);
+        let list = |v: Vec<String>| v.join(", ");
+        table.add_row([
+            s.stage.to_string(),
+            list(
+                s.blocks
+                    .iter()
+                    .map(|b| match b[1].saturating_sub(b[0]) {
+                        1 => b[0].to_string(),
+                        _ => format!("{}–{}", b[0], b[1].saturating_sub(1)),
+                    })
+                    .collect(),
+            ),
+            list(
+                s.micro_batches_in_flight
+                    .iter()
+                    .map(u64::to_string)
+                    .collect(),
+            ),
+            fmt(states),
+            fmt(s.saved_per_micro_batch_bytes),
+            fmt(s.activations_bytes),
+            fmt(s.peak_bytes),
+        ]);
+    }
+    for i in 3..7 {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
     writeln!(out, "{table}")
 }
 

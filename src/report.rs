@@ -192,6 +192,10 @@ pub struct ParallelReport {
     /// world size when one was found).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_gpus: Option<MinGpus>,
+    /// Pipeline parallelism (`--pp`): each pipeline stage's figures, first stage first (left
+    /// out without a pipeline). The report's other figures are the worst stage's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageReport>,
 }
 
 /// The outcome of `--min-gpus`.
@@ -255,6 +259,35 @@ pub struct PlanRow {
     pub cpu_bytes: u64,
     /// Whether `checked_bytes` fits the budget (`null` without one).
     pub fits: Option<bool>,
+}
+
+/// One pipeline stage (pipeline rank): its blocks, its model states, the micro-batches it
+/// holds in flight and its peak.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct StageReport {
+    /// The pipeline rank, from 0 (the first stage: embeddings).
+    pub stage: u64,
+    /// Its repeated blocks (e.g. decoder layers), per model chunk: `[first, end)` over the
+    /// model's copies, counted from 0.
+    pub blocks: Vec<[u64; 2]>,
+    /// Per model chunk, the most micro-batches whose activations it holds at once.
+    pub micro_batches_in_flight: Vec<u64>,
+    /// Its model states.
+    pub model_states: ModelStates,
+    /// What one micro-batch's forward saves for backward on this stage (its received input
+    /// included when its operators save it).
+    pub saved_per_micro_batch_bytes: u64,
+    /// What one micro-batch keeps from its forward to its backward on this stage (saved
+    /// tensors, received input, and on the last stage the output and loss).
+    pub held_per_micro_batch_bytes: u64,
+    /// Activations received from the previous stage and sent to the next, per micro-batch:
+    /// the point-to-point buffers (the gradients going back are the same size).
+    pub p2p_bytes: u64,
+    /// Its activations at its peak: its micro-batches in flight.
+    pub activations_bytes: u64,
+    /// Its peak.
+    pub peak_bytes: u64,
 }
 
 /// Parameters, gradients, optimizer state and master weights, in bytes.
@@ -819,6 +852,26 @@ impl Report {
                     cpu_pinned_bytes: sim.cpu_bytes[1],
                     nccl_bytes: nccl,
                     min_gpus: None,
+                    stages: sim
+                        .stages
+                        .iter()
+                        .map(|f| StageReport {
+                            stage: f.stage,
+                            blocks: f.blocks.iter().map(|&(a, b)| [a, b]).collect(),
+                            micro_batches_in_flight: f.in_flight.clone(),
+                            model_states: ModelStates {
+                                parameters_bytes: f.model_states[0],
+                                gradients_bytes: f.model_states[1],
+                                optimizer_state_bytes: f.model_states[2],
+                                master_weights_bytes: f.model_states[3],
+                            },
+                            saved_per_micro_batch_bytes: f.saved_per_micro_batch_bytes,
+                            held_per_micro_batch_bytes: f.held_per_micro_batch_bytes,
+                            p2p_bytes: f.p2p_bytes,
+                            activations_bytes: f.at_peak[Category::Activations as usize],
+                            peak_bytes: f.peak_bytes,
+                        })
+                        .collect(),
                 }),
         })
     }

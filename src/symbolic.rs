@@ -442,6 +442,7 @@ fn extend(
         timeline: None,
         live_at_peak: None,
         allocator: None,
+        stages: Vec::new(),
     };
     let report = extend_report(
         [&a.report, &b.report, &c.report],

@@ -45,6 +45,13 @@ pub struct Plan {
     /// How tensor and context parallelism run (`--sp`, `--tp-style`); inert when `tp` and `cp`
     /// are 1.
     pub tensor: Tensor,
+    /// Pipeline parallelism (`--pp P` with `--schedule`, `--micro-batches`): left out when
+    /// `pp` is 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<Pipeline>,
+    /// Expert parallelism (`--ep E`): left out when every rank holds every expert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertParallel>,
 }
 
 /// Tensor, sequence and context parallelism (Megatron-LM: Shoeybi et al. 2019; sequence
@@ -177,6 +184,120 @@ pub enum OffloadFlag {
     /// Both.
     Both,
 }
+
+/// A pipeline-parallel schedule: the order in which each stage runs the forward and backward
+/// passes of the micro-batches, which decides how many micro-batches' activations a stage
+/// holds at once.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Schedule {
+    /// One forward, one backward (PipeDream-Flush; `Schedule1F1B`): stage `s` of `P` runs
+    /// `P − s` forwards before its first backward, so it holds at most `min(M, P − s)`
+    /// micro-batches.
+    #[value(name = "1f1b")]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Megatron's interleaved 1F1B over `--virtual-stages V` model chunks per GPU
+    /// (`ScheduleInterleaved1F1B`).
+    Interleaved,
+    /// All forwards, then all backwards (`ScheduleGPipe`): every stage holds all `M`.
+    Gpipe,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Schedule::OneFOneB => "1F1B",
+            Schedule::Interleaved => "interleaved 1F1B",
+            Schedule::Gpipe => "GPipe",
+        })
+    }
+}
+
+/// Pipeline parallelism: the model's repeated blocks split into `stages · virtual_stages`
+/// consecutive stages, stage `i` on pipeline rank `i mod stages`.
+///
+/// How the blocks are split: by count, balanced, the first `blocks mod S` stages taking one
+/// more (Megatron's `num_layers / pipeline_model_parallel_size` per stage;
+/// `torch.distributed.pipelining`'s even split by layer count), with everything before the
+/// first block (embeddings, rotary tables) on the first stage and everything after the last
+/// (final norm, head, loss) on the last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct Pipeline {
+    /// Pipeline ranks `P` (`--pp`).
+    pub stages: u64,
+    /// The schedule (`--schedule`).
+    pub schedule: Schedule,
+    /// Micro-batches per step `M` (`--micro-batches`; each of `--batch` samples).
+    pub micro_batches: u64,
+    /// Model chunks per pipeline rank `V` (`--virtual-stages`, interleaved only; 1 otherwise).
+    pub virtual_stages: u64,
+}
+
+impl Pipeline {
+    /// How many micro-batches' activations model chunk `chunk` (0-based, `0..V`) of pipeline
+    /// rank `rank` holds at most at once, in the schedule's steady state.
+    ///
+    /// - GPipe: all `M` (every forward runs before the first backward).
+    /// - 1F1B: `min(M, P − rank)` (`Schedule1F1B`'s `warmup_chunks = min(M, P − rank)`;
+    ///   Megatron's `num_warmup_microbatches = P − rank − 1`, plus the one in its steady
+    ///   1F1B step; Narayanan et al. 2021, §2.2.1: "at most p in-flight microbatches").
+    /// - Interleaved: Megatron-LM `forward_backward_pipelining_with_interleaving`: rank `r`
+    ///   runs `(P − r − 1)·2 + (V − 1)·P` warm-up forwards (capped at `M·V`), then one more
+    ///   before its first backward; forward `k` runs chunk `(k / P) mod V`. A chunk's count is
+    ///   how many of those first forwards are its own. On rank 0 this holds
+    ///   `L·(1 + (P − 1)/(P·V))` layers' worth of activations for `L/P` layers per rank, the
+    ///   figure of Korthikanti et al. 2022, §4.2.3.
+    #[must_use]
+    pub fn in_flight(&self, rank: u64, chunk: u64) -> u64 {
+        let (p, m, v) = (
+            self.stages.max(1),
+            self.micro_batches.max(1),
+            self.virtual_stages.max(1),
+        );
+        match self.schedule {
+            Schedule::Gpipe => m,
+            Schedule::OneFOneB => m.min(p.saturating_sub(rank).max(1)),
+            Schedule::Interleaved => {
+                let warmup = p
+                    .saturating_sub(rank)
+                    .saturating_sub(1)
+                    .saturating_mul(2)
+                    .saturating_add((v - 1).saturating_mul(p));
+                let total = m.saturating_mul(v);
+                let n = warmup.saturating_add(1).min(total);
+                // Forwards 0..n, forward k on chunk (k / P) mod V.
+                let group = p.saturating_mul(v);
+                let full = n / group;
+                let rest = n % group;
+                let here = rest.saturating_sub(chunk.saturating_mul(p)).min(p);
+                full.saturating_mul(p).saturating_add(here).min(m)
+            }
+        }
+    }
+}
+
+/// Expert parallelism (`--ep E`): each mixture-of-experts layer's experts divided across `E`
+/// ranks, tokens sent to their experts' ranks and back by all-to-all (Megatron-Core MoE's
+/// `MoEAlltoAllTokenDispatcher`; DeepSpeed-MoE, Rajbhandari et al. 2022). Every other
+/// parameter is replicated as the data-parallel plan says.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct ExpertParallel {
+    /// Ranks the experts are divided across (`--ep`).
+    pub ranks: u64,
+    /// `--capacity-factor`: each expert takes at most `ceil(factor · tokens · top_k /
+    /// experts)` tokens and its buffers are padded to that (GShard, Switch Transformer;
+    /// Megatron-Core `moe_expert_capacity_factor` with `moe_pad_expert_input_to_capacity`);
+    /// `None`: dropless, tokens per expert as routed (balanced routing assumed).
+    pub capacity_factor: Option<f64>,
+}
+
+// The capacity factor is checked finite and positive when the flags are read: never NaN.
+impl Eq for ExpertParallel {}
 
 /// How the data-parallel ranks share the model states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -372,6 +493,8 @@ impl Plan {
                 sp: false,
                 style: TpStyle::Dtensor,
             },
+            pipeline: None,
+            experts: None,
         }
     }
 
@@ -438,9 +561,17 @@ impl Plan {
         if self.model_parallel_only() {
             return format!("{model} over {gpus} GPUs") + &self.describe_offload();
         }
+        let over = if self.pp > 1 {
+            format!("{} data-parallel ranks", self.data_parallel().unwrap_or(1))
+        } else {
+            format!("{gpus} GPUs")
+        };
         let engine = match self.sharding {
+            Sharding::Ddp(_) if self.pp > 1 && self.data_parallel() == Some(1) => {
+                "no data parallelism".to_string()
+            }
             Sharding::Ddp(d) => format!(
-                "DDP over {gpus} GPUs, {} MiB buckets{}",
+                "DDP over {over}, {} MiB buckets{}",
                 d.bucket_cap_bytes >> 20,
                 if d.gradient_as_bucket_view {
                     " as gradient views"
@@ -448,14 +579,37 @@ impl Plan {
                     ""
                 }
             ),
-            Sharding::Zero(z) => format!("DeepSpeed ZeRO-{} over {gpus} GPUs", z.stage),
-            Sharding::Fsdp(f) => format!("FSDP {} over {gpus} GPUs", f.strategy),
+            Sharding::Zero(z) => format!("DeepSpeed ZeRO-{} over {over}", z.stage),
+            Sharding::Fsdp(f) => format!("FSDP {} over {over}", f.strategy),
         };
-        let engine = engine + &self.describe_offload();
+        let mut out = engine + &self.describe_offload();
+        if let Some(p) = &self.pipeline {
+            out.push_str(&format!(
+                "; pipeline of {} stages ({}{}, {} micro-batches)",
+                p.stages,
+                p.schedule,
+                if p.virtual_stages > 1 {
+                    format!(", {} chunks per GPU", p.virtual_stages)
+                } else {
+                    String::new()
+                },
+                p.micro_batches
+            ));
+        }
+        if let Some(e) = &self.experts {
+            out.push_str(&format!(
+                "; experts over {} ranks ({})",
+                e.ranks,
+                e.capacity_factor.map_or_else(
+                    || "dropless".to_string(),
+                    |c| format!("capacity factor {c}")
+                )
+            ));
+        }
         if model.is_empty() {
-            engine
+            out
         } else {
-            format!("{model}; {engine}")
+            format!("{model}; {out}")
         }
     }
 
@@ -582,6 +736,79 @@ pub struct PlanFlags {
     pub cp: Option<u64>,
     /// `--tp-style` (default DTensor).
     pub tp_style: Option<TpStyle>,
+    /// `--pp` (pipeline ranks), `--schedule`, `--micro-batches`, `--virtual-stages`.
+    pub pipeline: PipelineFlags,
+    /// `--ep` (expert-parallel ranks).
+    pub ep: Option<u64>,
+    /// `--capacity-factor`.
+    pub capacity_factor: Option<f64>,
+}
+
+/// The pipeline flags as given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PipelineFlags {
+    /// `--pp P`.
+    pub pp: Option<u64>,
+    /// `--schedule`.
+    pub schedule: Option<Schedule>,
+    /// `--micro-batches M`.
+    pub micro_batches: Option<u64>,
+    /// `--virtual-stages V`.
+    pub virtual_stages: Option<u64>,
+}
+
+impl PipelineFlags {
+    /// Whether any pipeline flag is given.
+    #[must_use]
+    pub const fn given(&self) -> bool {
+        self.pp.is_some()
+            || self.schedule.is_some()
+            || self.micro_batches.is_some()
+            || self.virtual_stages.is_some()
+    }
+
+    /// The pipeline the flags ask for: `None` for `--pp 1` or none; the schedule defaults to
+    /// 1F1B, the micro-batches to `P` (the fewest that fill the pipeline), the virtual stages
+    /// to 2 under `interleaved` and 1 otherwise.
+    ///
+    /// # Errors
+    /// A message for a schedule option without `--pp`, `--virtual-stages` without
+    /// `interleaved`, or zero micro-batches or virtual stages.
+    pub fn resolve(&self) -> Result<Option<Pipeline>, String> {
+        let pp = self.pp.unwrap_or(1);
+        if pp <= 1 {
+            if self.schedule.is_some()
+                || self.micro_batches.is_some()
+                || self.virtual_stages.is_some()
+            {
+                return Err(
+                    "--schedule, --micro-batches and --virtual-stages need --pp P (P ≥ 2)".into(),
+                );
+            }
+            return Ok(None);
+        }
+        let schedule = self.schedule.unwrap_or(Schedule::OneFOneB);
+        let virtual_stages = match (schedule, self.virtual_stages) {
+            (Schedule::Interleaved, v) => v.unwrap_or(2),
+            (_, None | Some(1)) => 1,
+            (_, Some(_)) => {
+                return Err(
+                    "--virtual-stages is the interleaved schedule's: add --schedule interleaved"
+                        .into(),
+                );
+            }
+        };
+        let micro_batches = self.micro_batches.unwrap_or(pp);
+        if micro_batches == 0 || virtual_stages == 0 {
+            return Err("--micro-batches and --virtual-stages must be at least 1".into());
+        }
+        Ok(Some(Pipeline {
+            stages: pp,
+            schedule,
+            micro_batches,
+            virtual_stages,
+        }))
+    }
 }
 
 impl PlanFlags {
@@ -626,12 +853,25 @@ impl PlanFlags {
         let model_parallel = tp
             .checked_mul(cp)
             .ok_or_else(|| err("--tp × --cp is too large".into()))?;
-        let Some(gpus) = self
+        let pipeline = self.pipeline.resolve().map_err(err)?;
+        if self.capacity_factor.is_some() && self.ep.is_none() {
+            return Err(err(
+                "--capacity-factor is expert parallelism's: it needs --ep E".into(),
+            ));
+        }
+        // Pipeline or expert parallelism alone: as many GPUs as they need.
+        // `--tp`/`--cp`/`--pp`/`--ep` alone: as many GPUs as they span.
+        let gpus = self
             .gpus
             .or(cfg.and_then(|c| c.gpus))
             .or(from_train_batch)
-            .or((model_parallel > 1).then_some(model_parallel))
-        else {
+            .or_else(|| {
+                let all = model_parallel
+                    .saturating_mul(pipeline.map_or(1, |p| p.stages))
+                    .saturating_mul(self.ep.unwrap_or(1));
+                (all > 1).then_some(all)
+            });
+        let Some(gpus) = gpus else {
             if engine_given
                 || ddp_options
                 || self.gpus_per_node.is_some()
@@ -676,6 +916,42 @@ impl PlanFlags {
             Some(ConfigEngine::Zero(z)) => Some(z),
             _ => None,
         };
+        let pp = pipeline.map_or(1, |p| p.stages);
+        let all = model_parallel.saturating_mul(pp);
+        if !gpus.is_multiple_of(all) {
+            return Err(err(format!(
+                "--gpus {gpus} is not a multiple of --pp {pp} × --tp {tp} × --cp {cp}: data parallel = gpus / (tp · pp · cp)"
+            )));
+        }
+        let dp = gpus / all;
+        let experts = match self.ep {
+            None | Some(1) => None,
+            Some(0) => return Err(err("--ep must be at least 1".into())),
+            Some(ep) => {
+                // Megatron-Core draws the expert-parallel group from the data-parallel ranks.
+                if !dp.is_multiple_of(ep) {
+                    return Err(err(format!(
+                        "--ep {ep} must divide the data-parallel ranks ({dp} = gpus / (tp · pp · cp)): the expert-parallel group is drawn from them"
+                    )));
+                }
+                if let Some(c) = self.capacity_factor
+                    && !(c.is_finite() && c > 0.0 && c < 1.0e6)
+                {
+                    return Err(err(format!(
+                        "--capacity-factor {c}: expected a positive number"
+                    )));
+                }
+                if matches!(self.zero.or(config_zero.map(|z| z.stage)), Some(1 | 2)) {
+                    return Err(err(
+                        "--ep with --zero 1 or 2 is not modelled yet (DeepSpeed-MoE's separate expert parameter groups): use --zero 0 or 3, --fsdp or DDP".into(),
+                    ));
+                }
+                Some(ExpertParallel {
+                    ranks: ep,
+                    capacity_factor: self.capacity_factor,
+                })
+            }
+        };
         let sharding = if zero_engine {
             let stage = self.zero.or(config_zero.map(|z| z.stage)).unwrap_or(0);
             if stage > 3 {
@@ -694,7 +970,7 @@ impl PlanFlags {
             }
             Sharding::Zero(z)
         } else if let Some(strategy) = fsdp_strategy {
-            let mut f = Fsdp::new(strategy, gpus, self.gpus_per_node.unwrap_or(8));
+            let mut f = Fsdp::new(strategy, dp, self.gpus_per_node.unwrap_or(8));
             if let (None, Some(ConfigEngine::Fsdp(s, Some(r)))) = (self.fsdp, cfg_engine)
                 && s == strategy
                 && f.shard_group > 1
@@ -724,6 +1000,9 @@ impl PlanFlags {
             )));
         }
         let mut plan = Plan::data_parallel_only(gpus, sharding);
+        plan.pp = pp;
+        plan.pipeline = pipeline;
+        plan.experts = experts;
         plan.tp = tp;
         plan.cp = cp;
         plan.tensor = Tensor {

@@ -30,6 +30,7 @@
 mod heap;
 mod liveness;
 mod parallel;
+mod pipeline;
 mod replay;
 
 use std::collections::HashMap;
@@ -212,6 +213,50 @@ pub struct Simulation {
     pub live_at_peak: Option<Vec<LiveTensor>>,
     /// What the CUDA caching allocator reports for the step, on [`Device::Cuda`] and one GPU.
     pub allocator: Option<AllocatorPeaks>,
+    /// Pipeline parallelism: each pipeline rank's figures, first stage first (empty without
+    /// `--pp`). The other figures are then the worst rank's.
+    pub stages: Vec<StageFigures>,
+}
+
+/// What one pipeline rank holds ([`crate::parallel::Pipeline`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageFigures {
+    /// The pipeline rank (`0..P`).
+    pub stage: u64,
+    /// Its repeated blocks, per model chunk (indices into the model's copies, `[first, end)`).
+    pub blocks: Vec<(u64, u64)>,
+    /// Per model chunk, the micro-batches whose activations it holds at once at most.
+    pub in_flight: Vec<u64>,
+    /// Its model states: parameters (its shard under ZeRO-3/FSDP), gradients, optimizer state,
+    /// master weights.
+    pub model_states: [u64; 4],
+    /// What one micro-batch's forward saves for backward on this rank, received inputs that
+    /// its operators save included (all chunks).
+    pub saved_per_micro_batch_bytes: u64,
+    /// What one micro-batch keeps from its forward to its backward on this rank: the saved
+    /// tensors, the received input and what the step holds (all chunks).
+    pub held_per_micro_batch_bytes: u64,
+    /// Activations received and sent per micro-batch (one of each direction in flight).
+    pub p2p_bytes: u64,
+    /// Its peak.
+    pub peak_bytes: u64,
+    /// Its bytes per category at its peak (indexed like [`Category::ALL`]).
+    pub at_peak: [u64; Category::COUNT],
+}
+
+/// How a pipeline stage's replay differs from one GPU's: the other micro-batches in flight
+/// and the other model chunks of the same GPU, added as bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pipelined {
+    /// Bytes per category of the rank's other model chunks (their model states) and of the
+    /// whole batch's other micro-batches (the input).
+    extra: [u64; Category::COUNT],
+    /// Activations of the other micro-batches in flight during the first micro-batch.
+    others_first: u64,
+    /// The same during a second micro-batch, run with the gradients live; `None`: one only.
+    others_second: Option<u64>,
+    /// The receive buffer of the output's gradient, during each backward.
+    recv_grad: u64,
 }
 
 /// The CUDA caching allocator's figures for the measured step ([`crate::alloc`]), as
@@ -430,7 +475,7 @@ pub fn simulate_observed(
     settings: &Settings,
     observe: Observe,
 ) -> Result<Simulation, Error> {
-    simulate_inner(tape, settings, observe, false).map(|(sim, _)| sim)
+    simulate_inner(tape, settings, observe, false, None).map(|(sim, _)| sim)
 }
 
 /// [`simulate`], also returning every event of the step in order (what the symbolic treatment
@@ -442,7 +487,7 @@ pub(crate) fn simulate_events(
     tape: &Tape,
     settings: &Settings,
 ) -> Result<(Simulation, Vec<Event>), Error> {
-    let (sim, log) = simulate_inner(tape, settings, Observe::default(), true)?;
+    let (sim, log) = simulate_inner(tape, settings, Observe::default(), true, None)?;
     Ok((sim, log.unwrap_or_default()))
 }
 
@@ -451,13 +496,23 @@ fn simulate_inner(
     settings: &Settings,
     observe: Observe,
     log: bool,
+    pipe: Option<&Pipelined>,
 ) -> Result<(Simulation, Option<Vec<Event>>), Error> {
     let training = settings.training();
+    if pipe.is_none()
+        && training
+        && let Some(p) = settings.parallel.as_ref().and_then(|p| p.pipeline)
+    {
+        return simulate_pipeline(tape, settings, observe, &p).map(|sim| (sim, None));
+    }
     let facts = Liveness::of(tape);
     let saved = SavedBytes::of(tape, &facts);
     let param_grad = settings
         .grad_dtype_override()
         .map(|g| (settings.recipe.weights, g));
+    if let Some(p) = settings.parallel.as_ref().filter(|_| training) {
+        parallel::check_experts(tape, p)?;
+    }
     // Several GPUs: the rank with the largest peak, when ranks differ.
     let dist = settings.parallel.as_ref().filter(|_| training).map(|p| {
         let mut worst: Option<(u64, parallel::Dist)> = None;
@@ -528,6 +583,13 @@ fn simulate_inner(
     let steps = |replay: &mut Replay| {
         let mut held = Held::default();
         replay.start(counted_state.saturating_add(ema_bytes), master_bytes);
+        if let Some(p) = pipe {
+            for c in Category::ALL {
+                replay.preload(c, p.extra[c.index()]);
+            }
+            replay.preload(Category::Activations, p.others_first);
+            replay.recv_grad = p.recv_grad;
+        }
         held.between_steps = replay.total().saturating_sub(replay.now(Category::Input));
         replay.forward(training);
         held.after_forward = replay.total();
@@ -535,15 +597,28 @@ fn simulate_inner(
             return (0, 0, held);
         }
         let mut bwd = replay.backward(param_grad, None, in_backward);
-        if settings.grad_accum > 1 {
+        let mut others = pipe.map_or(0, |p| p.others_first);
+        let second = pipe.and_then(|p| p.others_second);
+        if settings.grad_accum > 1 || second.is_some() {
             // Micro-batches 2..N are alike: gradients are live from their start and each
-            // backward adds into them.
+            // backward adds into them. In a pipeline, the next micro-batch runs with the
+            // others in flight then.
             replay.end_micro_batch();
+            if let Some(next) = second {
+                replay.unload(Category::Activations, others);
+                replay.preload(Category::Activations, next);
+                others = next;
+            }
             replay.open_window();
             replay.forward(training);
             let more = replay.backward(param_grad, Some(&bwd.has_grad), in_backward);
             bwd.has_grad = more.has_grad;
             held.accumulating_peak = Some(replay.window_peak);
+        }
+        if pipe.is_some() {
+            // The step runs after the last micro-batch's backward: nothing is in flight.
+            replay.unload(Category::Activations, others);
+            replay.free_carried();
         }
         let mut temps = if in_backward.is_some() {
             0
@@ -669,8 +744,186 @@ fn simulate_inner(
         timeline,
         live_at_peak,
         allocator,
+        stages: Vec::new(),
     };
     Ok((sim, replay.log))
+}
+
+/// A training step under pipeline parallelism ([`crate::parallel::Pipeline`]): each pipeline
+/// rank replayed with its model chunks ([`pipeline::split`]), the micro-batches the schedule
+/// keeps in flight ([`crate::parallel::Pipeline::in_flight`]) and its send and receive
+/// buffers; the figures are the worst rank's, with every rank's in [`Simulation::stages`].
+///
+/// Per rank and model chunk: one micro-batch keeps from its forward to its backward what the
+/// chunk's replay holds at the end of its forward (saved tensors, its received input, the
+/// output and loss on the last stage); the chunk is replayed with `n − 1` such micro-batches
+/// beside it (`n` the chunk's count in flight), and again for a second micro-batch with its
+/// gradients live (GPipe: `M − 2` beside it, as its backwards run after every forward). The
+/// rank's other chunks add their model states and their micro-batches in flight; its peak is
+/// the largest over its chunks. The optimizer step of a rank with several chunks is replayed
+/// with one chunk's temporaries (the others' are not added).
+fn simulate_pipeline(
+    tape: &Tape,
+    settings: &Settings,
+    observe: Observe,
+    p: &crate::parallel::Pipeline,
+) -> Result<Simulation, Error> {
+    use crate::parallel::Schedule;
+    let ranks = p.stages.max(1);
+    let chunks_per_rank = p.virtual_stages.max(1);
+    let total = ranks
+        .checked_mul(chunks_per_rank)
+        .ok_or_else(|| Error::Overflow("the pipeline's stage count".into()))?;
+    let ranges = pipeline::split(tape, total)?;
+    let stage_tapes: Vec<pipeline::StageTape> = ranges
+        .iter()
+        .map(|r| pipeline::stage_tape(tape, r))
+        .collect();
+    // Per chunk: what one micro-batch holds after its forward, and the chunk's figures alone.
+    let mut held_mb = Vec::with_capacity(stage_tapes.len());
+    let mut solo = Vec::with_capacity(stage_tapes.len());
+    let mut input_mb = Vec::with_capacity(stage_tapes.len());
+    for st in &stage_tapes {
+        let facts = Liveness::of(&st.tape);
+        let mut r = Replay::new(&st.tape, &facts);
+        r.start(0, 0);
+        input_mb.push(r.now(Category::Input));
+        r.forward(true);
+        held_mb.push(
+            r.now(Category::Activations)
+                .saturating_add(r.now(Category::Temporaries)),
+        );
+        if let Some(e) = r.error() {
+            return Err(e);
+        }
+        let (sim, _) = simulate_inner(
+            &st.tape,
+            settings,
+            Observe::default(),
+            false,
+            Some(&Pipelined::default()),
+        )?;
+        solo.push(sim);
+    }
+    let m = p.micro_batches.max(1);
+    let states = |s: &Simulation| {
+        [
+            s.resident_parameter_bytes.unwrap_or(0),
+            s.gradient_bytes,
+            s.optimizer_state_bytes,
+            s.master_weights_bytes,
+        ]
+    };
+    let mut worst: Option<Simulation> = None;
+    let mut figures = Vec::new();
+    for rank in 0..ranks {
+        let mine: Vec<usize> = (0..chunks_per_rank)
+            .filter_map(|k| usize::try_from(k * ranks + rank).ok())
+            .collect();
+        let in_flight: Vec<u64> = (0..chunks_per_rank).map(|k| p.in_flight(rank, k)).collect();
+        let mut best: Option<Simulation> = None;
+        for (k, &c) in mine.iter().enumerate() {
+            let mut pipe = Pipelined::default();
+            for (k2, &c2) in mine.iter().enumerate() {
+                if k2 == k {
+                    continue;
+                }
+                let s2 = states(&solo[c2]);
+                for (cat, b) in [
+                    Category::Parameters,
+                    Category::Gradients,
+                    Category::OptimizerState,
+                    Category::MasterWeights,
+                ]
+                .into_iter()
+                .zip(s2)
+                {
+                    pipe.extra[cat.index()] = pipe.extra[cat.index()].saturating_add(b);
+                }
+                pipe.others_first = pipe
+                    .others_first
+                    .saturating_add(in_flight[k2].saturating_mul(held_mb[c2]));
+                pipe.extra[Category::Input.index()] = pipe.extra[Category::Input.index()]
+                    .saturating_add(m.saturating_mul(input_mb[c2]));
+            }
+            let n = in_flight[k];
+            let base = pipe.others_first;
+            pipe.others_first = base.saturating_add(n.saturating_sub(1).saturating_mul(held_mb[c]));
+            pipe.others_second = (m >= 2).then(|| match p.schedule {
+                Schedule::Gpipe => {
+                    base.saturating_add(m.saturating_sub(2).saturating_mul(held_mb[c]))
+                }
+                _ => pipe.others_first,
+            });
+            // The whole batch's input: every micro-batch's slice of it exists all step.
+            pipe.extra[Category::Input.index()] = pipe.extra[Category::Input.index()]
+                .saturating_add(m.saturating_sub(1).saturating_mul(input_mb[c]));
+            pipe.recv_grad = stage_tapes[c].sent_bytes;
+            let (sim, _) =
+                simulate_inner(&stage_tapes[c].tape, settings, observe, false, Some(&pipe))?;
+            if best.as_ref().is_none_or(|b| sim.peak_bytes > b.peak_bytes) {
+                best = Some(sim);
+            }
+        }
+        let Some(mut sim) = best else { continue };
+        // The rank's model states: all its chunks'.
+        let sum = mine.iter().fold([0u64; 4], |mut a, &c| {
+            for (x, y) in a.iter_mut().zip(states(&solo[c])) {
+                *x = x.saturating_add(y);
+            }
+            a
+        });
+        sim.resident_parameter_bytes = Some(sum[0]);
+        sim.gradient_bytes = sum[1];
+        sim.optimizer_state_bytes = sum[2];
+        sim.master_weights_bytes = sum[3];
+        sim.saved_bytes = mine.iter().fold(0u64, |a, &c| {
+            a.saturating_add(solo[c].saved_bytes)
+                .saturating_add(stage_tapes[c].received_saved_bytes)
+        });
+        let fig = StageFigures {
+            stage: rank,
+            blocks: mine
+                .iter()
+                .map(|&c| (ranges[c].blocks.start as u64, ranges[c].blocks.end as u64))
+                .collect(),
+            in_flight: in_flight.clone(),
+            model_states: sum,
+            saved_per_micro_batch_bytes: sim.saved_bytes,
+            held_per_micro_batch_bytes: mine
+                .iter()
+                .fold(0u64, |a, &c| a.saturating_add(held_mb[c])),
+            p2p_bytes: mine.iter().fold(0u64, |a, &c| {
+                a.saturating_add(stage_tapes[c].received_bytes)
+                    .saturating_add(stage_tapes[c].sent_bytes)
+            }),
+            peak_bytes: sim.peak_bytes,
+            at_peak: sim.at_peak,
+        };
+        figures.push(fig);
+        if worst.as_ref().is_none_or(|w| sim.peak_bytes > w.peak_bytes) {
+            worst = Some(sim);
+        }
+    }
+    let mut sim = worst.ok_or(Error::Internal("a pipeline without stages"))?;
+    // Before sharding: the whole model on one GPU.
+    if let Some(plan) = &settings.parallel {
+        let whole = parallel::Dist::new(tape, settings, plan, 0);
+        sim.unsharded = Some([
+            tape.params
+                .iter()
+                .fold(0u64, |a, p| a.saturating_add(p.bytes)),
+            whole.whole_gradient_bytes,
+            whole.whole_optimizer.state_bytes,
+            whole.whole_optimizer.master_bytes,
+        ]);
+    }
+    sim.stages = figures;
+    // The second micro-batch is the schedule's, not gradient accumulation's.
+    if settings.grad_accum <= 1 {
+        sim.held.accumulating_peak = None;
+    }
+    Ok(sim)
 }
 
 /// The caching allocator's run: the model and the batch loaded, the optimizer's constructor,

@@ -6,14 +6,14 @@
 //! The figures are those of the worst rank (rank 0, which gets the first, largest chunk of
 //! every FSDP2 shard).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use crate::cost::{OptimizerPlan, TensorInfo};
 use crate::dtype::DType;
 use crate::parallel::{FsdpStrategy, Plan, Sharding, shard};
 use crate::settings::Settings;
-use crate::trace::{StorageId, Tape, ValueId};
+use crate::trace::{AtenOp, StorageId, Tape, ValueId};
 
 /// When each unit's gradients shrink to this rank's shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +129,14 @@ pub(super) struct Dist {
     pub cpu_bytes: u64,
     /// Of `cpu_bytes`, the page-locked (pinned) ones.
     pub cpu_pinned_bytes: u64,
+    /// Expert parallelism: the expert weights' values, whose gradients this rank holds for
+    /// its `1 / expert_ranks` of the experts only.
+    pub expert_values: HashSet<ValueId>,
+    /// Expert-parallel ranks (1 without expert parallelism).
+    pub expert_ranks: u64,
+    /// Expert parallelism: per step, the bytes of an all-to-all receive buffer live during it
+    /// (the dispatch's in forward and backward).
+    pub step_comm: HashMap<usize, u64>,
 }
 
 impl Dist {
@@ -166,13 +174,73 @@ impl Dist {
     }
 }
 
-/// The trainable parameters: value, numel, shape, dtype, whole gradient bytes.
+/// The data-parallel degree of `plan` (1 when the degrees do not divide).
+fn split_dp(plan: &Plan) -> u64 {
+    plan.data_parallel().unwrap_or(1)
+}
+
+/// The trainable parameters: value, numel, shape, dtype, whole gradient bytes (after expert
+/// parallelism: this rank's experts only).
 struct Trainable {
     value: ValueId,
     shape: Vec<u64>,
     numel: u64,
     dtype: DType,
     grad_bytes: u64,
+    /// An expert weight: sharded over the expert-data-parallel ranks (`dp / ep`).
+    expert: bool,
+}
+
+/// The expert weights of `tape`'s mixture-of-experts layers: the 3-D `[experts, out, in]`
+/// parameters `torch._grouped_mm` reads (`trace/moe.rs`), by storage.
+pub(super) fn expert_weights(tape: &Tape) -> HashSet<StorageId> {
+    let mut out = HashSet::new();
+    for step in tape.steps.iter().filter(|s| s.op == AtenOp::GroupedMm) {
+        for &v in &step.inputs {
+            let val = &tape.values[v];
+            if val.param && val.shape.dims().len() == 3 {
+                out.insert(val.storage);
+            }
+        }
+    }
+    out
+}
+
+/// Checks expert parallelism against `tape`: the model has expert weights, and every expert
+/// count divides by the expert-parallel ranks (Megatron-Core: `num_moe_experts %
+/// expert_model_parallel_size == 0`).
+///
+/// # Errors
+/// [`crate::Error::Setting`] ([`crate::error::SettingKey::Parallel`]) otherwise.
+pub(super) fn check_experts(tape: &Tape, plan: &Plan) -> Result<(), crate::Error> {
+    use crate::error::SettingKey;
+    let Some(e) = plan.experts else {
+        return Ok(());
+    };
+    let experts = expert_weights(tape);
+    if experts.is_empty() {
+        return Err(crate::Error::setting(
+            SettingKey::Parallel,
+            "--ep divides mixture-of-experts layers' experts across GPUs: this model has none"
+                .to_string(),
+        ));
+    }
+    for p in &tape.params {
+        let v = &tape.values[p.value];
+        if experts.contains(&v.storage) {
+            let n = p.shape.dims().first().copied().unwrap_or(1);
+            if !n.is_multiple_of(e.ranks) {
+                return Err(crate::Error::setting(
+                    SettingKey::Parallel,
+                    format!(
+                        "--ep {}: a layer's {n} experts do not divide across {} GPUs",
+                        e.ranks, e.ranks
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Dist {
@@ -193,26 +261,49 @@ impl Dist {
             Some(g) if d == settings.recipe.weights => g,
             _ => d,
         };
+        // Expert parallelism: each rank keeps `experts / ep` of every expert weight (dim 0).
+        let ep = plan.experts.map_or(1, |e| e.ranks.max(1));
+        let experts = if ep > 1 {
+            expert_weights(tape)
+        } else {
+            HashSet::new()
+        };
+        // A parameter's local shape, numel and stored bytes under expert parallelism.
+        let local = |p: &crate::trace::Param| -> (Vec<u64>, u64, u64, bool) {
+            let mut shape = p.shape.dims().to_vec();
+            if experts.contains(&tape.values[p.value].storage)
+                && let Some(d0) = shape.first_mut()
+            {
+                *d0 /= ep;
+                return (shape, p.numel / ep, p.bytes / ep, true);
+            }
+            (shape, p.numel, p.bytes, false)
+        };
         let trainable: Vec<Trainable> = tape
             .params
             .iter()
             .filter(|p| p.trainable)
             .map(|p| {
                 let v = &tape.values[p.value];
+                let (shape, numel, _, expert) = local(p);
                 // Tensor parallelism can make a gradient larger than the local part.
-                let grad_numel = tape
-                    .grad_shapes
-                    .get(&p.value)
-                    .and_then(crate::shape::Shape::numel)
-                    .unwrap_or(p.numel);
+                let grad_numel = if expert {
+                    numel
+                } else {
+                    tape.grad_shapes
+                        .get(&p.value)
+                        .and_then(crate::shape::Shape::numel)
+                        .unwrap_or(numel)
+                };
                 Trainable {
                     value: p.value,
-                    shape: p.shape.dims().to_vec(),
-                    numel: p.numel,
+                    shape,
+                    numel,
                     dtype: v.dtype,
                     grad_bytes: grad_dtype(v.dtype)
                         .bytes_for(grad_numel)
                         .unwrap_or(u64::MAX),
+                    expert,
                 }
             })
             .collect();
@@ -220,8 +311,11 @@ impl Dist {
             .iter()
             .fold(0, |a, t| a.saturating_add(t.grad_bytes));
         let total_numel: u64 = trainable.iter().fold(0, |a, t| a.saturating_add(t.numel));
-        // Each rank's part of one parameter's elements, as the engine cuts it.
+        // Each rank's part of one parameter's elements, as the engine cuts it: an expert weight
+        // over the expert-data-parallel ranks only (Megatron-Core's `expert_data_parallel_size
+        // = dp / ep`; DeepSpeed-MoE's expert data-parallel group).
         let part = |t: &Trainable, ranks: u64| -> u64 {
+            let ranks = if t.expert { (ranks / ep).max(1) } else { ranks };
             if ranks <= 1 {
                 return t.numel;
             }
@@ -244,7 +338,42 @@ impl Dist {
             step_grad_bytes: 0,
             optimizer: OptimizerPlan::default(),
             master_partition_bytes: 0,
-            whole_gradient_bytes: total_grad,
+            // One GPU's: every expert (`total_grad` is this rank's).
+            whole_gradient_bytes: tape
+                .params
+                .iter()
+                .filter(|p| p.trainable)
+                .fold(0u64, |a, p| {
+                    let d = grad_dtype(tape.values[p.value].dtype);
+                    a.saturating_add(d.bytes_for(p.numel).unwrap_or(u64::MAX))
+                }),
+            expert_values: tape
+                .params
+                .iter()
+                .filter(|p| experts.contains(&tape.values[p.value].storage))
+                .map(|p| p.value)
+                .collect(),
+            expert_ranks: ep,
+            // Each dispatch's all-to-all receives this rank's experts' rows (balanced routing:
+            // as many as it sends, the dispatched `[rows, hidden]`) into a buffer of their size
+            // beside the sent ones (Megatron-Core `MoEAlltoAllTokenDispatcher.token_dispatch`:
+            // `all_to_all(permutated_local_input_tokens)`); its backward runs the reverse
+            // all-to-all on the gradients. The combine's all-to-all moves as many rows back.
+            step_comm: if ep > 1 {
+                tape.steps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.op == AtenOp::MoeDispatch)
+                    .map(|(i, s)| {
+                        let bytes = s.outputs.iter().fold(0u64, |a, &v| {
+                            a.saturating_add(tape.storages[tape.values[v].storage].bytes)
+                        });
+                        (i, bytes)
+                    })
+                    .collect()
+            } else {
+                HashMap::new()
+            },
             whole_optimizer: match settings.optimizer {
                 Some(opt) => OptimizerPlan::new(
                     opt,
@@ -279,29 +408,24 @@ impl Dist {
         // Resident parameters: the shard when parameters are split.
         for p in &tape.params {
             let v = &tape.values[p.value];
+            let (shape, numel, stored, expert) = local(p);
+            let t = Trainable {
+                value: p.value,
+                shape,
+                numel,
+                dtype: v.dtype,
+                grad_bytes: 0,
+                expert,
+            };
             let bytes = if split.params > 1 && p.trainable && at_rest(v.dtype) != v.dtype {
-                let t = Trainable {
-                    value: p.value,
-                    shape: p.shape.dims().to_vec(),
-                    numel: p.numel,
-                    dtype: v.dtype,
-                    grad_bytes: 0,
-                };
                 bytes_of(at_rest(v.dtype), part(&t, split.params))
             } else if split.params > 1 {
-                let t = Trainable {
-                    value: p.value,
-                    shape: p.shape.dims().to_vec(),
-                    numel: p.numel,
-                    dtype: v.dtype,
-                    grad_bytes: 0,
-                };
                 let n = part(&t, split.params);
                 // Bytes per element as stored (a quantized weight keeps its packing ratio).
-                u64::try_from(u128::from(p.bytes) * u128::from(n) / u128::from(p.numel.max(1)))
+                u64::try_from(u128::from(stored) * u128::from(n) / u128::from(numel.max(1)))
                     .unwrap_or(u64::MAX)
             } else {
-                p.bytes
+                stored
             };
             dist.resident.insert(v.storage, bytes);
         }
@@ -312,9 +436,14 @@ impl Dist {
                 let n = part(t, split.optimizer);
                 match plan.sharding {
                     Sharding::Fsdp(_) if split.optimizer > 1 => {
+                        let ranks = if t.expert {
+                            (split.optimizer / ep).max(1)
+                        } else {
+                            split.optimizer
+                        };
                         let mut s = t.shape.clone();
                         if let Some(d0) = s.first_mut() {
-                            *d0 = d0.div_ceil(split.optimizer);
+                            *d0 = d0.div_ceil(ranks);
                         } else {
                             s.push(1);
                         }
@@ -392,6 +521,8 @@ impl Dist {
         match plan.sharding {
             // One rank per data-parallel group: no data-parallel engine runs.
             _ if plan.model_parallel_only() => {}
+            // A pipeline without data parallelism has no DDP to bucket gradients for.
+            Sharding::Ddp(_) if plan.pp > 1 && split_dp(plan) <= 1 => {}
             Sharding::Ddp(d) => {
                 if d.gradient_as_bucket_view {
                     dist.grads_always = total_grad;
@@ -405,9 +536,14 @@ impl Dist {
                     // All-reduced in place, like DDP with bucket views.
                 } else {
                     dist.reduce = Reduce::PerUnit { into_buffer: false };
-                    dist.units = units(tape, &trainable, true, f.reshard_after_forward, |t| {
-                        shard_grad(t, f.shard_group)
-                    });
+                    dist.units = units(
+                        tape,
+                        &trainable,
+                        true,
+                        f.reshard_after_forward,
+                        |t| shard_grad(t, f.shard_group),
+                        &|p| local(p).2,
+                    );
                     for u in &mut dist.units {
                         u.gather_buffer = true;
                         // In the gradients' dtype (`reduce_dtype` defaults to `param_dtype`).
@@ -478,7 +614,14 @@ impl Dist {
                             a.saturating_add(bytes_of(grad_dtype(t.dtype), part(t, ranks)))
                         });
                         dist.reduce = Reduce::PerUnit { into_buffer: true };
-                        dist.units = units(tape, &trainable, false, true, |t| shard_grad(t, ranks));
+                        dist.units = units(
+                            tape,
+                            &trainable,
+                            false,
+                            true,
+                            |t| shard_grad(t, ranks),
+                            &|p| local(p).2,
+                        );
                         // A unit's parameters are released after its forward only when more
                         // than `stage3_max_reuse_distance` elements are fetched before their
                         // next use, in its backward: the units after it, in forward and again in
@@ -636,6 +779,7 @@ fn units(
     root: bool,
     reshard_after_forward: bool,
     shard_grad: impl Fn(&Trainable) -> u64,
+    whole_bytes: &dyn Fn(&crate::trace::Param) -> u64,
 ) -> Vec<Unit> {
     let param_of: HashMap<StorageId, usize> = tape
         .params
@@ -708,7 +852,7 @@ fn units(
                     } else {
                         &mut root_unit
                     };
-                    target.gathered_bytes = target.gathered_bytes.saturating_add(p.bytes);
+                    target.gathered_bytes = target.gathered_bytes.saturating_add(whole_bytes(p));
                     target.numel = target.numel.saturating_add(p.numel);
                     if let Some(t) = trainable_of.get(&p.value) {
                         target.grads.push((t.value, t.grad_bytes, shard_grad(t)));

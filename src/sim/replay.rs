@@ -76,6 +76,9 @@ pub(super) struct Replay<'a> {
     bucket_elems: u64,
     bucket_extra: Option<(ValueId, u64)>,
     bucket_kept: u64,
+    /// Pipeline parallelism: the receive buffer of the gradient of the stage's output, live
+    /// through each backward pass.
+    pub recv_grad: u64,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -141,6 +144,7 @@ impl<'a> Replay<'a> {
             bucket_elems: 0,
             bucket_extra: None,
             bucket_kept: 0,
+            recv_grad: 0,
         }
     }
 
@@ -398,6 +402,28 @@ impl<'a> Replay<'a> {
         self.cur[c.index()]
     }
 
+    /// Adds bytes that the tape does not hold to a category (pipeline parallelism: other
+    /// micro-batches in flight, other model chunks of the same GPU).
+    pub(super) fn preload(&mut self, c: Category, bytes: u64) {
+        self.add(c, bytes);
+    }
+
+    /// Takes back bytes added by [`Replay::preload`].
+    pub(super) fn unload(&mut self, c: Category, bytes: u64) {
+        self.sub(c, bytes);
+    }
+
+    /// Frees the tensors received before the pass ([`StorageKind::Carried`]): a pipeline
+    /// stage drops a micro-batch's received input after its backward.
+    pub(super) fn free_carried(&mut self) {
+        let tape = self.tape;
+        for (s, storage) in tape.storages.iter_enumerated() {
+            if storage.kind == StorageKind::Carried && self.live[s] {
+                self.free(s);
+            }
+        }
+    }
+
     /// Starts a new window for [`Replay::window_peak`].
     pub(super) fn open_window(&mut self) {
         self.window_peak = 0;
@@ -462,7 +488,13 @@ impl<'a> Replay<'a> {
             for &s in &step.allocs {
                 self.alloc(s);
             }
+            let a2a = self
+                .dist
+                .and_then(|d| d.step_comm.get(&i).copied())
+                .unwrap_or(0);
+            self.add(Category::CommBuffers, a2a);
             self.check(Phase::Forward, Some(step.layer), At::Forward(i));
+            self.sub(Category::CommBuffers, a2a);
             let locals = if i == facts.returns {
                 &tape.forward_held[..]
             } else {
@@ -532,6 +564,8 @@ impl<'a> Replay<'a> {
         let comm_backward = dist.map_or(0, |d| d.comm_backward);
         let grads_in_backward = dist.is_none_or(|d| d.grads_in_backward);
         self.add(Category::CommBuffers, comm_backward);
+        let recv_grad = self.recv_grad;
+        self.add(Category::CommBuffers, recv_grad);
         for i in (0..tape.steps.len()).rev() {
             for (u, unit) in units.iter().enumerate() {
                 if unit.steps.end == i + 1 {
@@ -568,10 +602,16 @@ impl<'a> Replay<'a> {
                 // A parameter's gradient can be larger than its local part (tensor parallelism:
                 // `Tape::grad_shapes`).
                 let shape = tape.grad_shapes.get(&v).unwrap_or(&val.shape);
-                let Some(bytes) = shape.numel().and_then(|n| dtype.bytes_for(n)) else {
+                let Some(mut bytes) = shape.numel().and_then(|n| dtype.bytes_for(n)) else {
                     self.overflow = true;
                     continue;
                 };
+                // Expert parallelism: the gradient of this rank's experts only.
+                if let Some(d) = dist
+                    && d.expert_values.contains(&v)
+                {
+                    bytes /= d.expert_ranks.max(1);
+                }
                 if val.param
                     && let Some(temps) = in_backward
                 {
@@ -634,8 +674,11 @@ impl<'a> Replay<'a> {
                 self.heap_free(Key::Moved);
             }
             self.add(temp, transient);
+            let a2a = dist.and_then(|d| d.step_comm.get(&i).copied()).unwrap_or(0);
+            self.add(Category::CommBuffers, a2a);
             self.snapshot_grads(&grads);
             self.check(Phase::Backward, Some(step.layer), At::Backward(i));
+            self.sub(Category::CommBuffers, a2a);
             self.sub(temp, transient);
             self.heap_free(Key::Transient);
             self.sub(Category::Gradients, applied);
@@ -674,6 +717,7 @@ impl<'a> Replay<'a> {
         // (`_release_ipg_buffers`).
         self.reduce_bucket(None);
         self.sub(Category::CommBuffers, comm_backward);
+        self.sub(Category::CommBuffers, recv_grad);
         let leftover = grads
             .values()
             .try_fold(0u64, |a, &b| a.checked_add(b))

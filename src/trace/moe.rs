@@ -20,6 +20,20 @@ impl Tracer<'_> {
         let a = xv.dtype;
         let t = checked(b.checked_mul(s), "the token count")?;
         let tk = checked(t.checked_mul(c.top_k), "the routed row count")?;
+        // The rows the experts run on: as routed (dropless), or, with an expert capacity factor
+        // (`--capacity-factor`), `capacity = ceil(factor · T·k / E)` rows per expert, padded to
+        // it (Megatron-Core `moe_expert_capacity_factor` with `moe_pad_expert_input_to_capacity`;
+        // GShard, Switch Transformer): `E · capacity` in all.
+        let rows = match self
+            .s
+            .parallel
+            .as_ref()
+            .and_then(|p| p.experts)
+            .and_then(|e| e.capacity_factor)
+        {
+            Some(f) => capacity_rows(tk, c.experts, f)?,
+            None => tk,
+        };
         let weights = match c.router {
             Router::Softmax => self.softmax_router(x, c, t, train)?,
             Router::DeepseekV2 | Router::DeepseekV3 => self.deepseek_router(x, c, t, train)?,
@@ -52,12 +66,17 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "expert offsets",
         )?;
-        let gathered = self.fresh(Shape::from([tk, h]), a, "gathered tokens", xv.requires_grad)?;
+        let gathered = self.fresh(
+            Shape::from([rows, h]),
+            a,
+            "gathered tokens",
+            xv.requires_grad,
+        )?;
         let dispatch = vec![index[0], index[1], index[2], offsets];
         let call = Call::new(AtenOp::MoeDispatch, vec![x], vec![gathered]);
         self.call(call.aux(dispatch.clone()).allocs(dispatch))?;
         let ws = self.fresh(
-            Shape::from([tk, 1]),
+            Shape::from([rows, 1]),
             a,
             "sorted routing weights",
             self.rg(w_act),
@@ -75,13 +94,21 @@ impl Tracer<'_> {
             train,
             true,
         )?;
-        let gu = self.grouped_mm(gathered, w_gu, Shape::from([tk, two_i]), offsets)?;
-        let gate = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
-        let up = self.view_of(gu, Shape::from([tk, c.intermediate_size]), Layout::Strided);
+        let gu = self.grouped_mm(gathered, w_gu, Shape::from([rows, two_i]), offsets)?;
+        let gate = self.view_of(
+            gu,
+            Shape::from([rows, c.intermediate_size]),
+            Layout::Strided,
+        );
+        let up = self.view_of(
+            gu,
+            Shape::from([rows, c.intermediate_size]),
+            Layout::Strided,
+        );
         self.call(Call::new(AtenOp::Chunk, vec![gu], vec![gate, up]))?;
         let act = self.unary(gate, AtenOp::Silu)?;
         let prod = self.mul(act, up)?;
-        let down = self.grouped_mm(prod, w_down, Shape::from([tk, h]), offsets)?;
+        let down = self.grouped_mm(prod, w_down, Shape::from([rows, h]), offsets)?;
         let weighted = self.mul(down, ws)?;
         let scattered = self.fresh(Shape::from([tk, h]), a, "unsorted rows", self.rg(weighted))?;
         let call = Call::new(AtenOp::Index, vec![weighted], vec![scattered]);
@@ -315,5 +342,37 @@ impl Tracer<'_> {
             out_shape,
             vec![offsets],
         )
+    }
+}
+
+/// Rows the experts run on under an expert capacity factor: `experts · ceil(factor · routed /
+/// experts)` (each expert padded to its capacity; Megatron-Core `moe_utils.get_capacity`:
+/// `ceil((num_tokens / num_experts) * capacity_factor)` over the `T·k` routed token slots).
+///
+/// # Errors
+/// [`Error::Overflow`] when the count does not fit in 64 bits.
+pub(super) fn capacity_rows(routed: u64, experts: u64, factor: f64) -> Result<u64, Error> {
+    let experts = experts.max(1);
+    #[allow(clippy::cast_precision_loss)] // token counts far below 2^52
+    let per = (routed as f64 / experts as f64 * factor).ceil();
+    if !(0.0..9.0e15).contains(&per) {
+        return Err(Error::Overflow("the experts' capacity".into()));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked range
+    let per = per as u64;
+    per.checked_mul(experts)
+        .ok_or_else(|| Error::Overflow("the experts' capacity".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capacity_rows;
+
+    #[test]
+    fn capacity_pads_each_expert() {
+        // 4096 tokens, top-2, 8 experts, factor 1.25: ceil(8192 / 8 · 1.25) = 1280 per expert.
+        assert_eq!(capacity_rows(8192, 8, 1.25).unwrap(), 10_240);
+        // Rounding up per expert: ceil(10 / 3 · 1.0) = 4.
+        assert_eq!(capacity_rows(10, 3, 1.0).unwrap(), 12);
     }
 }

@@ -18,6 +18,8 @@
 //!   sequence, sums, non-negative figures, size parsing, `--print-model` round trip).
 //! - `allocator`: the CUDA caching allocator's figures (when they appear, bounds,
 //!   `--expandable-segments`, an EMA copy).
+//! - `pipeline`: pipeline stages against measured `torch.distributed.pipelining` runs, the
+//!   schedules' micro-batches in flight, expert parallelism.
 //! - `common`: running the binary (assert_cmd), temporary model files (tempfile), JSON helpers.
 
 mod common;
@@ -34,6 +36,7 @@ mod kinds;
 mod llm;
 mod optim;
 mod outputs;
+mod pipeline;
 mod properties;
 mod recipes;
 mod reference;
