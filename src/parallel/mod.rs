@@ -918,12 +918,13 @@ impl PlanFlags {
         };
         let pp = pipeline.map_or(1, |p| p.stages);
         let all = model_parallel.saturating_mul(pp);
-        if !gpus.is_multiple_of(all) {
+        // (Without a pipeline, the tensor/context check below words it.)
+        if pp > 1 && !gpus.is_multiple_of(all) {
             return Err(err(format!(
                 "--gpus {gpus} is not a multiple of --pp {pp} × --tp {tp} × --cp {cp}: data parallel = gpus / (tp · pp · cp)"
             )));
         }
-        let dp = gpus / all;
+        let dp = (gpus / all.max(1)).max(1);
         let experts = match self.ep {
             None | Some(1) => None,
             Some(0) => return Err(err("--ep must be at least 1".into())),
