@@ -91,21 +91,32 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
     });
 }
 
-/// A repeat of 100,000 copies of `linear(512) + relu` on `--device cpu`, extended symbolically
-/// from 4, 5 and 6 copies (`src/symbolic.rs`). Target: at most 50 ms and 32 MiB RSS (the RSS is
-/// measured on the binary: `/usr/bin/time -f %M memest FILE --device cpu`); measured 0.00-0.01 s
-/// user and 5.0 MiB (unrolled before: 0.49 s, 197 MB). On CUDA (the default device) the block is
-/// still unrolled for the caching allocator's figures: 2.1 s user, 380 MB.
-#[divan::bench(sample_count = 3, sample_size = 1)]
-fn repeat_100k_copies(bencher: divan::Bencher) {
+/// A repeat of 100,000 copies of `linear(512) + relu`, on `--device cpu` and on CUDA (the default
+/// device). Target: at most 50 ms and 32 MiB RSS (the RSS is measured on the binary:
+/// `/usr/bin/time -f %M memest FILE [--device cpu]`). On the CPU it is extended symbolically from
+/// 4, 5 and 6 copies (`src/symbolic.rs`): 0.00-0.01 s user and 5.0 MiB (unrolled before: 0.49 s,
+/// 197 MB). On CUDA the block is still unrolled for the caching allocator's figures: 1.9 s user,
+/// 380 MB (measured under load 17 on 2 cores).
+#[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
+fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
-    let cpu = Overrides {
-        device: Some(memest::settings::Device::Cpu),
+    let overrides = Overrides {
+        device: Some(if device == "cpu" {
+            memest::settings::Device::Cpu
+        } else {
+            memest::settings::Device::Cuda
+        }),
         ..Overrides::default()
     };
     bencher.bench(|| {
-        memest::estimate(divan::black_box(src), Format::Toml, "repeat", &cpu, None)
-            .expect("repeat estimates")
+        memest::estimate(
+            divan::black_box(src),
+            Format::Toml,
+            "repeat",
+            &overrides,
+            None,
+        )
+        .expect("repeat estimates")
     });
 }
 
@@ -134,8 +145,27 @@ fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     });
 }
 
+/// One estimate of Llama-2-7B's config in inference at 4,096 tokens and batch 1 with an 80 GB
+/// budget: what `llama_2_7b_max_batch` is compared with.
+#[divan::bench(sample_count = 20)]
+fn llama_2_7b_infer(bencher: divan::Bencher) {
+    let src = example("hf/llama-2-7b.json");
+    let spec = memest::load_spec(&src, Format::Json, memest::hf::Head::Auto).expect("config");
+    let query = memest::Query {
+        overrides: Overrides {
+            seq: Some(4096),
+            mode: Some(memest::settings::Mode::Infer),
+            ..Overrides::default()
+        },
+        budget: Some(80_000_000_000),
+        ..memest::Query::default()
+    };
+    bencher.bench(|| memest::run(divan::black_box(&spec), "llama-2-7b", &query).expect("estimate"));
+}
+
 /// `--max-batch` on Llama-2-7B's config, inference at 4,096 tokens with an 80 GB budget, to
-/// compare with one estimate (`llama_2_7b_config`). Target: at most 3 times one estimate.
+/// compare with one estimate of the same query (`llama_2_7b_infer`). Target: at most 3 times one
+/// estimate.
 #[divan::bench(sample_count = 3, sample_size = 1)]
 fn llama_2_7b_max_batch(bencher: divan::Bencher) {
     let src = example("hf/llama-2-7b.json");

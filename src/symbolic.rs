@@ -20,8 +20,9 @@
 //! must be the affine extension of theirs and everything else equal to theirs, except the
 //! figures computed here from the events (the peak and what derives from it). Any check that
 //! fails, any error in a small trace, and any figure near 64 bits gives `None`: the caller
-//! unrolls, which is always exact (and reports the errors). The unrolled step count of a
-//! symbolic estimate stays within [`crate::trace::MAX_STEPS`]: past it, unrolling refuses the
+//! unrolls, which is always exact (and reports the errors). A symbolic estimate is given only
+//! for a model that unrolling accepts: the tracer's [`crate::trace::MAX_STEPS`] checks are
+//! made on where the unrolled trace would place each block; past them, unrolling refuses the
 //! model, as it always has.
 //!
 //! `--timeline` and `--explain` need every event or the live set, so they unroll
@@ -342,7 +343,13 @@ fn extend(
 ) -> Option<Report> {
     let [a, b, c] = traced else { return None };
     // The unrolled trace must be one the tracer accepts (else it refuses the model: unroll).
-    let steps = affine(
+    // The tracer refuses a block of several copies when its first step plus its first copy's
+    // steps times its count passes `MAX_STEPS` (`at_copy_1` for this block), and any copy that
+    // starts past `MAX_STEPS`. Blocks before this one are as traced (their checks passed);
+    // blocks inside it are checked within its copies; blocks after it are checked where the
+    // `n - 6` added copies move them. Layers after the last block are not checked.
+    // Every copy traces the same operators: the step count is affine in the count.
+    affine(
         a.tape.steps.len() as u64,
         b.tape.steps.len() as u64,
         c.tape.steps.len() as u64,
@@ -352,7 +359,25 @@ fn extend(
     let at_copy_1 = first_copy
         .checked_mul(n)?
         .checked_add(c.block.starts[0] as u64)?;
-    if steps > MAX_STEPS as u64 / 2 || at_copy_1 > MAX_STEPS as u64 {
+    let added = first_copy.checked_mul(n.checked_sub(TRACED[2])?)?;
+    let max = MAX_STEPS as u64;
+    for r in c
+        .tape
+        .repeats
+        .iter()
+        .filter(|r| r.starts.first() >= Some(&c.block.end))
+    {
+        let at = |i: usize| (*r.starts.get(i)? as u64).checked_add(added);
+        let mut worst = at(r.starts.len() - 1)?;
+        if r.starts.len() >= 2 {
+            let per = (r.starts[1] - r.starts[0]) as u64;
+            worst = worst.max(at(0)?.checked_add(per.checked_mul(r.starts.len() as u64)?)?);
+        }
+        if worst > max {
+            return None;
+        }
+    }
+    if at_copy_1 > max {
         return None;
     }
     let per: Vec<Places> = traced

@@ -218,3 +218,32 @@ proptest! {
         }
     }
 }
+
+/// The 182-byte file, `count = 1000000` copies of `linear(512)`: two operators a copy
+/// make 2,000,000, which the tracer accepts, so the block is extended (not unrolled) on the CPU;
+/// every copy holds 512·512 + 512 parameters. One copy more is refused, as unrolling refuses it.
+#[test]
+fn a_million_copies_at_the_operator_cap_are_extended() {
+    let file = |count: u64| {
+        format!(
+            "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = {count}\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n"
+        )
+    };
+    let cpu = Overrides {
+        device: Some(Device::Cpu),
+        ..Overrides::default()
+    };
+    let s = memest::load_spec(&file(1_000_000), Format::Toml, memest::hf::Head::Auto).unwrap();
+    let r = memest::estimate_symbolic(&s, "m", &cpu, None)
+        .unwrap()
+        .expect("the symbolic path applies up to the cap");
+    assert_eq!(r.param_count, 262_656 * 1_000_000);
+    let s = memest::load_spec(&file(1_000_001), Format::Toml, memest::hf::Head::Auto).unwrap();
+    assert!(
+        memest::estimate_symbolic(&s, "m", &cpu, None)
+            .unwrap()
+            .is_none()
+    );
+    let e = memest::estimate_spec(&s, "m", &cpu, None).unwrap_err();
+    assert!(e.to_string().contains("2000000 operators"), "{e}");
+}
