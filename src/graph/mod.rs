@@ -456,6 +456,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         | K::LeakyRelu
         | K::Gelu
         | K::GeluNew
+        | K::BloomGelu
         | K::Silu
         | K::Tanh
         | K::Sigmoid => Op::Activation(Activation::read(r)?),

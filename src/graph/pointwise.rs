@@ -37,6 +37,10 @@ pub enum Activation {
     /// `gelu_new`: the tanh approximation written out in Python (transformers'
     /// `NewGELUActivation`): keeps its input, `tanh(..)`, `0.5·x` and `1 + tanh(..)`.
     GeluNew,
+    /// `bloom_gelu`: BLOOM's `BloomGelu` module (`GeLUFunction`, a custom autograd function):
+    /// keeps its input; its forward and backward write the tanh approximation out op by op, a
+    /// tensor of the input's size each.
+    BloomGelu,
     /// `silu` (`F.silu`): keeps its input (a clone of it when in place).
     Silu {
         /// `nn.SiLU(inplace=True)`.
@@ -60,6 +64,7 @@ impl Activation {
                 Activation::Gelu
             }
             K::GeluNew => Activation::GeluNew,
+            K::BloomGelu => Activation::BloomGelu,
             K::Tanh => Activation::Tanh,
             K::Sigmoid => Activation::Sigmoid,
             kind => {

@@ -30,7 +30,7 @@ use super::layers::{
     push_dropout, repeat, with_inputs, with_note,
 };
 use crate::error::Error;
-use crate::spec::{Approximate, LayerKind as K, LayerSpec};
+use crate::spec::{LayerKind as K, LayerSpec};
 
 /// The rotated width of a head: `int(head_dim · factor)` as transformers computes it
 /// (`rotary_ndims`).
@@ -463,9 +463,11 @@ pub(super) fn bloom(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), 
     let residual = push(&mut body, add("residual1", &attn, r1));
     let ln2 = push(&mut body, layernorm("post_attention_layernorm"));
     let act = LayerSpec {
-        approximate: Some(Approximate::Tanh),
-        note: Some("BloomGelu: tanh-approximated GELU, keeps its input".into()),
-        ..layer(K::Gelu, "mlp.gelu_impl")
+        note: Some(
+            "BloomGelu (GeLUFunction): tanh-approximated GELU written out in Python, keeps its input"
+                .into(),
+        ),
+        ..layer(K::BloomGelu, "mlp.gelu_impl")
     };
     let m = mlp(
         &mut body,

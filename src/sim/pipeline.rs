@@ -212,6 +212,7 @@ mod tests {
                 grads: Vec::new(),
                 view_grad: false,
                 segment: None,
+                scratch: (Vec::new(), Vec::new()),
             })
             .collect();
         t

@@ -222,6 +222,21 @@ impl<'a> Replay<'a> {
         self.sub(Category::CommBuffers, buffer);
     }
 
+    /// Makes a step's scratch blocks ([`crate::trace::Step::scratch`]) live as temporaries
+    /// (the allocator's [`Key::Transient`]); returns their bytes, for the caller to free.
+    fn scratch(&mut self, blocks: &[u64]) -> u64 {
+        let mut sum = 0u64;
+        for &b in blocks {
+            sum = sum.checked_add(b).unwrap_or_else(|| {
+                self.overflow = true;
+                u64::MAX
+            });
+            self.heap_alloc(Key::Transient, b);
+        }
+        self.add(Category::Temporaries, sum);
+        sum
+    }
+
     /// Feeds every tensor made live or dead to `heap`.
     pub(super) fn with_heap(mut self, heap: Heap) -> Replay<'a> {
         self.heap = Some(heap);
@@ -485,6 +500,7 @@ impl<'a> Replay<'a> {
                     self.gather(u, Phase::Forward, Some(step.layer));
                 }
             }
+            let scratch = self.scratch(&step.scratch.0);
             for &s in &step.allocs {
                 self.alloc(s);
             }
@@ -495,6 +511,8 @@ impl<'a> Replay<'a> {
             self.add(Category::CommBuffers, a2a);
             self.check(Phase::Forward, Some(step.layer), At::Forward(i));
             self.sub(Category::CommBuffers, a2a);
+            self.sub(Category::Temporaries, scratch);
+            self.heap_free(Key::Transient);
             let locals = if i == facts.returns {
                 &tape.forward_held[..]
             } else {
@@ -590,6 +608,10 @@ impl<'a> Replay<'a> {
                     self.overflow = true;
                     u64::MAX
                 }));
+            }
+            if !step.grads.is_empty() {
+                transient = self.scratch(&step.scratch.1);
+                self.sub(temp, transient);
             }
             for &v in &step.grads {
                 let val = &tape.values[v];

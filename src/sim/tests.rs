@@ -102,6 +102,7 @@ impl Builder {
             grads: s.grads.to_vec(),
             view_grad,
             segment,
+            scratch: (Vec::new(), Vec::new()),
         });
         self.tape.steps.len() - 1
     }

@@ -472,6 +472,7 @@ layer_kinds! {
     LeakyRelu => "leaky_relu",
     Gelu => "gelu",
     GeluNew => "gelu_new",
+    BloomGelu => "bloom_gelu",
     Silu => "silu" | "swish",
     Tanh => "tanh",
     Sigmoid => "sigmoid",

@@ -28,6 +28,8 @@ pub(super) struct Call {
     pub results: Vec<StorageId>,
     /// The backward hands a view of the output's gradient to the input (views, reshapes).
     pub view_grad: bool,
+    /// What it makes and frees inside itself ([`Step::scratch`]).
+    pub scratch: (Vec<u64>, Vec<u64>),
 }
 
 impl Call {
@@ -41,6 +43,7 @@ impl Call {
             allocs: Vec::new(),
             results: Vec::new(),
             view_grad: false,
+            scratch: (Vec::new(), Vec::new()),
         }
     }
 
@@ -59,6 +62,12 @@ impl Call {
     /// With further results, allocated after its outputs.
     pub(super) fn results(mut self, results: Vec<StorageId>) -> Call {
         self.results = results;
+        self
+    }
+
+    /// With tensors made and freed inside it, in forward and in backward ([`Step::scratch`]).
+    pub(super) fn scratch(mut self, forward: Vec<u64>, backward: Vec<u64>) -> Call {
+        self.scratch = (forward, backward);
         self
     }
 
@@ -119,6 +128,7 @@ impl Tracer<'_> {
                 allocs,
                 saves,
                 view_grad: c.view_grad,
+                scratch: c.scratch,
                 ..self.blank()
             },
             c.results,

@@ -148,6 +148,7 @@ impl Tracer<'_> {
                 pick(inplace, AtenOp::LeakyRelu, AtenOp::LeakyReluInplace)
             }
             Activation::Gelu => AtenOp::Gelu,
+            Activation::BloomGelu => return self.bloom_gelu(x),
             Activation::Silu { inplace } => pick(inplace, AtenOp::Silu, AtenOp::SiluInplace),
             Activation::Tanh => AtenOp::Tanh,
             Activation::Sigmoid => AtenOp::Sigmoid,
@@ -172,6 +173,28 @@ impl Tracer<'_> {
             }
         };
         self.unary(x, op)
+    }
+
+    /// BLOOM's `GeLUFunction` (transformers `models/bloom/modeling_bloom.py`): saves its input;
+    /// every Python operation of its forward and backward makes a tensor of the input's size
+    /// (Python scalars do not promote). At the busiest moment of `bloom_gelu_forward`,
+    /// `x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))`, four are live
+    /// (`x*0.5`, `0.79788456*x`, `0.044715*x`, its product with `x`); the output comes when
+    /// two remain (`x*0.5`, `1+tanh(..)`): three beside the output at the most. In
+    /// `bloom_gelu_back`, five (`tanh_out`, `0.5*x`, `1 - tanh_out²`, `0.107*x`, its product
+    /// with `x`), and the returned `ff * g` comes when two remain (`tanh_out`, `ff`): four
+    /// beside the gradient at the most.
+    fn bloom_gelu(&mut self, x: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let bytes = xv
+            .shape
+            .numel()
+            .and_then(|n| xv.dtype.bytes_for(n))
+            .ok_or_else(|| Error::Overflow("the size of a tensor".into()))?;
+        let y = self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?;
+        let call = Call::new(AtenOp::BloomGelu, vec![x], vec![y]);
+        self.call(call.scratch(vec![bytes; 3], vec![bytes; 4]))?;
+        Ok(y)
     }
 
     /// Elementwise product: each factor is kept for the other's gradient

@@ -299,6 +299,7 @@ impl Tracer<'_> {
             grads: Vec::new(),
             view_grad: false,
             segment: self.segment,
+            scratch: (Vec::new(), Vec::new()),
         }
     }
 

@@ -152,6 +152,11 @@ pub struct Step {
     pub view_grad: bool,
     /// Checkpointed segment the step belongs to.
     pub segment: Option<SegmentId>,
+    /// Tensors the operator makes and frees inside itself, beside its outputs, at its busiest
+    /// moment (bytes of each block): `.0` in forward, `.1` in its backward, beside the
+    /// gradients it returns. A function written out in Python (BLOOM's `GeLUFunction`) makes
+    /// one tensor per operation; ATen kernels make none memest counts.
+    pub scratch: (Vec<u64>, Vec<u64>),
 }
 
 /// Per-layer facts for reports.

@@ -76,6 +76,11 @@ pub enum AtenOp {
     LeakyReluInplace,
     /// `gelu(self, approximate)`.
     Gelu,
+    /// BLOOM's `GeLUFunction` (transformers `models/bloom/modeling_bloom.py`), a custom
+    /// `autograd.Function`: `ctx.save_for_backward(input)`, the tanh approximation written out
+    /// in Python in forward (`bloom_gelu_forward`) and backward (`bloom_gelu_back`), each
+    /// operation a tensor of the input's size ([`Step::scratch`](super::Step)).
+    BloomGelu,
     /// `silu(self)`.
     Silu,
     /// `silu_(self)`.
@@ -243,6 +248,7 @@ impl AtenOp {
             AtenOp::LeakyRelu => "leaky_relu",
             AtenOp::LeakyReluInplace => "leaky_relu_",
             AtenOp::Gelu => "gelu",
+            AtenOp::BloomGelu => "GeLUFunction",
             AtenOp::Silu => "silu",
             AtenOp::SiluInplace => "silu_",
             AtenOp::Tanh => "tanh",
@@ -513,6 +519,7 @@ impl AtenOp {
             AtenOp::LeakyRelu => unary("leaky_relu", IN),
             AtenOp::LeakyReluInplace => unary("leaky_relu_", OUT),
             AtenOp::Gelu => unary("gelu", IN),
+            AtenOp::BloomGelu => spec(None, &["input"], &["result"], &[], IN),
             AtenOp::Silu => unary("silu", IN),
             AtenOp::SiluInplace => unary("silu", CLONE),
             AtenOp::Tanh => unary("tanh", OUT),
