@@ -20,7 +20,7 @@ mod pool;
 mod resize;
 mod view;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub use attention::{AttentionCfg, AttnStyle, MlaCfg, MoeCfg, QkNorm};
 pub use conv::{ConvAxis, ConvCfg};
@@ -74,6 +74,10 @@ pub struct Layer {
     pub inputs: Vec<InputRef>,
     /// Whether its parameters train (`trainable = false` freezes them).
     pub trainable: bool,
+    /// `shares = "name"`: the earlier layer (same kind and config, checked) whose parameters
+    /// this one uses instead of its own, as a module called twice in a PyTorch `forward` does.
+    /// Looked up like `inputs`, innermost block first.
+    pub shares: Option<String>,
     /// What it computes.
     pub node: Node,
 }
@@ -237,7 +241,7 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
         ));
     }
     // The named inputs are visible to every layer, as the outermost scope.
-    let mut scopes: Vec<HashSet<String>> = vec![spec.inputs.keys().cloned().collect()];
+    let mut scopes: Vec<Scope> = vec![spec.inputs.keys().map(|k| (k.clone(), None)).collect()];
     let layers = build_layers(&spec.layers, &LayerAt::default(), &mut scopes, true)?;
     Ok(Model {
         name: spec
@@ -256,13 +260,17 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
     })
 }
 
+/// The names of a block's layers so far, each with its operation (`None` for a repeated block
+/// or a named model input), for `inputs` and `shares`.
+type Scope = HashMap<String, Option<(LayerKind, Op)>>;
+
 fn build_layers(
     specs: &[LayerSpec],
     parent: &LayerAt,
-    scopes: &mut Vec<HashSet<String>>,
+    scopes: &mut Vec<Scope>,
     parent_trainable: bool,
 ) -> Result<Vec<Layer>, Error> {
-    scopes.push(HashSet::new());
+    scopes.push(HashMap::new());
     let mut out = Vec::with_capacity(specs.len());
     let prefix = if parent.positions.is_empty() {
         String::new()
@@ -317,9 +325,12 @@ fn build_layers(
             Some(list) => {
                 let mut refs = Vec::new();
                 for n in list {
-                    if n != INPUT && !scopes.iter().any(|s| s.contains(n)) {
-                        let known: Vec<&str> =
-                            scopes.iter().flatten().map(String::as_str).collect();
+                    if n != INPUT && !scopes.iter().any(|s| s.contains_key(n)) {
+                        let known: Vec<&str> = scopes
+                            .iter()
+                            .flat_map(|s| s.keys())
+                            .map(String::as_str)
+                            .collect();
                         let hint = crate::error::nearest(n, &known)
                             .map(|k| format!(" (did you mean `{k}`?)"))
                             .unwrap_or_default();
@@ -370,8 +381,15 @@ fn build_layers(
                 inputs.len()
             )));
         }
+        if let Some(owner) = &spec.shares {
+            shared_op(owner, &name, spec.kind, &node, scopes).map_err(&fail)?;
+        }
         let scope = scopes.last_mut().expect("a scope was pushed above");
-        if !scope.insert(name.clone()) {
+        let op = match &node {
+            Node::Op(op) => Some((spec.kind, op.clone())),
+            Node::Repeat { .. } => None,
+        };
+        if scope.insert(name.clone(), op).is_some() {
             return Err(fail(format!("duplicate layer name `{name}` in this block")));
         }
         out.push(Layer {
@@ -380,11 +398,59 @@ fn build_layers(
             kind: spec.kind,
             inputs,
             trainable,
+            shares: spec.shares.clone(),
             node,
         });
     }
     scopes.pop();
     Ok(out)
+}
+
+/// Checks `shares = "owner"` on the layer `name`: `owner` is an earlier layer visible here
+/// (innermost block first, as `inputs` are looked up), an operation rather than a block, of the
+/// same kind and with the same config, so that the parameters it has are the ones this layer
+/// would make.
+fn shared_op(
+    owner: &str,
+    name: &str,
+    kind: LayerKind,
+    node: &Node,
+    scopes: &[Scope],
+) -> Result<(), String> {
+    let Node::Op(op) = node else {
+        return Err(format!(
+            "`shares` applies to a single layer, not a block: share each of the block's layers instead (layer `{name}` shares `{owner}`)"
+        ));
+    };
+    let Some(found) = scopes.iter().rev().find_map(|s| s.get(owner)) else {
+        let known: Vec<&str> = scopes
+            .iter()
+            .flat_map(|s| s.keys())
+            .map(String::as_str)
+            .collect();
+        let hint = crate::error::nearest(owner, &known)
+            .map(|k| format!(" (did you mean `{k}`?)"))
+            .unwrap_or_default();
+        return Err(format!(
+            "`shares` names `{owner}`, which is no earlier layer{hint}; a layer may share the parameters of an earlier layer of its block or of an enclosing block"
+        ));
+    };
+    let Some((their_kind, theirs)) = found else {
+        return Err(format!(
+            "layer `{name}` shares `{owner}`, which is a block or a model input; `shares` names a single layer"
+        ));
+    };
+    if *their_kind != kind {
+        return Err(format!(
+            "layer `{name}` ({kind}) shares `{owner}`, which is a `{their_kind}`: a layer shares the parameters of a layer of its own kind"
+        ));
+    }
+    if theirs != op {
+        return Err(format!(
+            "layer `{name}` shares `{owner}`, but their configs differ: write `{name}` with the keys of `{owner}` ({owner}: {theirs:?}; {name}: {op:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// Reads a `repeat` block's keys: its copy count (at least 1) and its body.

@@ -19,6 +19,8 @@ pub struct LayerSpec {
     pub inputs: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trainable: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shares: Option<String>,
     // repeat
     #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
@@ -551,11 +553,11 @@ impl Default for LayerKind {
 }
 
 /// Keys that every kind accepts; [`LayerSpec::set_keys`] leaves them out.
-const COMMON_KEYS: [&str; 5] = ["kind", "name", "inputs", "trainable", "note"];
+const COMMON_KEYS: [&str; 6] = ["kind", "name", "inputs", "trainable", "shares", "note"];
 
 impl LayerSpec {
     /// Names of the kind-specific keys that are set (everything but `kind`, `name`, `inputs`,
-    /// `trainable`, `note`), in alphabetical order. They are the keys `self` serializes to
+    /// `trainable`, `shares`, `note`), in alphabetical order. They are the keys `self` serializes to
     /// (unset keys are skipped), so a new field needs no second list.
     #[must_use]
     pub fn set_keys(&self) -> Vec<&'static str> {

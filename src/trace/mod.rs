@@ -110,6 +110,8 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         lora_matched: Vec::new(),
         lora_modules: Vec::new(),
         tp: tp::Tp::of(settings.parallel.as_ref()),
+        layer_params: Vec::new(),
+        sharing: None,
     };
     // Context parallelism: each rank holds `seq / cp` positions of every sequence.
     let cp = settings.parallel.as_ref().map_or(1, |p| p.cp.max(1));
@@ -281,6 +283,13 @@ struct Tracer<'a> {
     lora_modules: Vec<String>,
     /// Tensor, sequence and context parallelism (`--tp`, `--sp`, `--cp`): see [`tp`].
     tp: Option<tp::Tp>,
+    /// Per block being traced (the model's layers, then each copy of each nested block), each
+    /// traced layer's parameters by name, in the order the layer made them: what a later layer
+    /// with `shares` reuses.
+    layer_params: Vec<HashMap<String, Vec<ValueId>>>,
+    /// While a layer with `shares` is traced, the parameters it takes (in order) instead of
+    /// making its own ([`Tracer::param_typed`]).
+    sharing: Option<std::collections::VecDeque<ValueId>>,
 }
 
 fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {
@@ -576,6 +585,7 @@ impl Tracer<'_> {
     ) -> Result<ValueId, Error> {
         let mut prev = input;
         let mut chunked_loss_done = false;
+        self.layer_params.push(HashMap::new());
         for (i, layer) in layers.iter().enumerate() {
             self.label.clone_from(&layer.label);
             if chunked_loss_done {
@@ -771,6 +781,7 @@ impl Tracer<'_> {
                 .insert(layer.name.as_str(), out);
             prev = out;
         }
+        self.layer_params.pop();
         Ok(prev)
     }
 
@@ -839,8 +850,44 @@ impl Tracer<'_> {
     fn op(&mut self, op: &Op, layer: &Layer, inputs: &[ValueId]) -> Result<ValueId, Error> {
         let first_param = self.tape.params.len();
         let first_storage = self.tape.storages.next_key();
-        let out = self.tp_op(op, layer, inputs)?;
+        if let Some(owner) = &layer.shares {
+            let theirs = self
+                .layer_params
+                .iter()
+                .rev()
+                .find_map(|s| s.get(owner))
+                .ok_or_else(|| {
+                    self.err(format!(
+                        "`shares` names `{owner}`, which has not been traced before this layer"
+                    ))
+                })?;
+            self.sharing = Some(theirs.iter().copied().collect());
+        }
+        let out = self.tp_op(op, layer, inputs);
+        let left = self.sharing.take();
+        let out = out?;
+        if left.is_some_and(|l| !l.is_empty()) {
+            return Err(Error::Internal(
+                "a shared layer made fewer parameters than its owner",
+            ));
+        }
         self.note_params(first_param, first_storage);
+        let params: Vec<ValueId> = match &layer.shares {
+            Some(owner) => self
+                .layer_params
+                .iter()
+                .rev()
+                .find_map(|s| s.get(owner))
+                .cloned()
+                .unwrap_or_default(),
+            None => self.tape.params[first_param..]
+                .iter()
+                .map(|p| p.value)
+                .collect(),
+        };
+        if let Some(scope) = self.layer_params.last_mut() {
+            scope.insert(layer.name.clone(), params);
+        }
         Ok(out)
     }
 }

@@ -98,6 +98,8 @@ impl Tracer<'_> {
         self.param_typed(shape, trainable, quant, dtype)
     }
 
+    /// A new parameter, or, while a layer with `shares` is traced, the next of the shared
+    /// layer's parameters (checked to have this shape).
     pub(super) fn param_typed(
         &mut self,
         shape: Shape,
@@ -105,6 +107,19 @@ impl Tracer<'_> {
         quant: Option<Quant>,
         dtype: DType,
     ) -> Result<ValueId, Error> {
+        if let Some(shared) = self.sharing.as_mut() {
+            let v = shared.pop_front().ok_or_else(|| {
+                Error::Internal("a shared layer made more parameters than its owner")
+            })?;
+            let theirs = &self.tape.values[v];
+            if theirs.shape != shape {
+                return Err(self.err(format!(
+                    "`shares`: the shared parameter has shape {}, this layer's input needs {shape}",
+                    theirs.shape
+                )));
+            }
+            return Ok(v);
+        }
         let numel = checked(shape.numel(), "a parameter's element count")?;
         let s = self.storage(&shape, dtype, StorageKind::Parameter, "parameter")?;
         let (bytes, dtype_name) = match quant {

@@ -452,6 +452,47 @@ fn conv3d_takes_three_sizes_and_a_rank_5_input() {
     );
 }
 
+#[test]
+fn shares_names_an_earlier_layer_of_the_same_kind_and_config() {
+    let model = |second: &str| {
+        TempModel::new(
+            "toml",
+            &format!(
+                "[input]\nshape = [8]\n[[layers]]\nkind = \"linear\"\nname = \"fc\"\nout_features = 8\n[[layers]]\n{second}"
+            ),
+        )
+    };
+    let m = model("kind = \"linear\"\nname = \"fc2\"\nout_features = 8\nshares = \"fcc\"\n");
+    assert_has(
+        &fails(&[m.arg()]),
+        &[
+            "\"fc2\"",
+            "`shares` names `fcc`, which is no earlier layer",
+            "did you mean `fc`?",
+        ],
+    );
+    let m =
+        model("kind = \"conv1d\"\nname = \"c\"\nout_channels = 8\nkernel = 1\nshares = \"fc\"\n");
+    assert_has(
+        &fails(&[m.arg()]),
+        &["layer `c` (conv1d) shares `fc`, which is a `linear`"],
+    );
+    let m = model("kind = \"linear\"\nname = \"fc2\"\nout_features = 4\nshares = \"fc\"\n");
+    assert_has(
+        &fails(&[m.arg()]),
+        &["layer `fc2` shares `fc`, but their configs differ"],
+    );
+    // Same config, but the input is wider than the shared weight.
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n[[layers]]\nkind = \"linear\"\nname = \"fc\"\nout_features = 16\n[[layers]]\nkind = \"linear\"\nname = \"fc2\"\nout_features = 16\nshares = \"fc\"\n",
+    );
+    assert_has(
+        &fails(&[m.arg()]),
+        &["the shared parameter has shape [16, 8], this layer's input needs [16, 16]"],
+    );
+}
+
 // ---- bugs found while writing these tests (fixed since) ----
 
 #[test]
@@ -651,7 +692,7 @@ fn an_unknown_kind_comes_before_its_keys() {
         fails(&[m.arg()]),
         format!(
             "error: {}:5:1: unknown key `kernel_size` for `linear`; its keys: in_features, \
-             out_features, bias, tie, quantize; every layer's: kind, name, inputs, trainable, note\n",
+             out_features, bias, tie, quantize; every layer's: kind, name, inputs, trainable, shares, note\n",
             m.arg()
         )
     );

@@ -133,6 +133,33 @@ fn upsample1d() {
 }
 
 #[test]
+fn shares() {
+    // `s_again` shares `s` (one nn.Linear(16, 16) called twice). relu keeps its output [2, 16]:
+    // 128, which s reads (kept once); each tanh keeps its output, which the next linear reads:
+    // 128 + 128. 128·3 = 384. Measured with PyTorch 2.15: 384.
+    // Parameters: fc0 8·16 + 16 = 144, s 16·16 + 16 = 272 (once), out 16·4 + 4 = 68: 484
+    // (measured: 484); s_again adds none.
+    let v = check("shares", &[], 384, 484);
+    assert_eq!(v["layers"][4]["name"], "s_again");
+    assert_eq!(v["layers"][4]["params"], 0);
+    // `.grad` once per parameter (484·4 B), AdamW's two moments once (2·484·4) plus one
+    // float32 step per parameter tensor: six tensors, not eight.
+    assert_eq!(u(&v, "gradients_bytes"), 1936);
+    assert_eq!(u(&v, "optimizer_state_bytes"), 2 * 1936 + 6 * 4);
+}
+
+#[test]
+fn shares_in_a_loop() {
+    // One nn.Linear(16, 16) applied three times, as `s` and then in both copies of a repeated
+    // block (`for _ in range(3): x = torch.tanh(s(x))`). s keeps fc0's output [2, 16]: 128; each
+    // tanh keeps its output: 3·128. 512. Measured with PyTorch 2.15 (the equivalent
+    // nn.Sequential(fc0, s, Tanh, s, Tanh, s, Tanh)): 512.
+    // Parameters: 144 + 272 = 416 (measured: 416): the copies add none.
+    let v = check("shares_loop", &[], 512, 416);
+    assert_eq!(u(&v, "gradients_bytes"), 416 * 4);
+}
+
+#[test]
 fn pad() {
     // On [B, 2, 4, 4], widths last dimension first. zero (constant [1, 1, 2, 0]) → [2, 3, 6, 6];
     // `constant_pad_nd` saves nothing; c2 keeps it: 2·3·6·6·4 = 864. reflect (1 all round)
