@@ -108,9 +108,9 @@ impl Tracer<'_> {
         dtype: DType,
     ) -> Result<ValueId, Error> {
         if let Some(shared) = self.sharing.as_mut() {
-            let v = shared.pop_front().ok_or_else(|| {
-                Error::Internal("a shared layer made more parameters than its owner")
-            })?;
+            let v = shared.pop_front().ok_or(Error::Internal(
+                "a shared layer made more parameters than its owner",
+            ))?;
             let theirs = &self.tape.values[v];
             if theirs.shape != shape {
                 return Err(self.err(format!(
