@@ -713,7 +713,7 @@ impl Report {
         // NCCL's buffers: on CUDA under a plan of several GPUs (gloo on the CPU has none).
         let nccl = match (&settings.parallel, settings.device) {
             (Some(p), Device::Cuda) if sim.unsharded.is_some() => {
-                crate::parallel::nccl::bytes(p.gpus)
+                crate::parallel::nccl::plan_bytes(p)
             }
             _ => 0,
         };

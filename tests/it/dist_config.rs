@@ -346,18 +346,25 @@ fn accelerate_configs_are_their_flags() {
     }
 }
 
-/// NCCL's buffers: 16 channels × 2 connections × (4 MiB Simple + 4,915,200 B LL128 + 512 KiB LL)
-/// = 308,281,344 B per GPU on CUDA, counted in `device_bytes`; none on the CPU (gloo).
+/// NCCL's buffers: 16 channels × 3 receive connections (ring predecessor, tree child and
+/// parent) × (4 MiB Simple + 4,915,200 B LL128 + 512 KiB LL) = 462,422,016 B per GPU on CUDA,
+/// counted in `device_bytes`; none on the CPU (gloo). Two ranks have one tree peer: 2
+/// connections, 308,281,344 B. Each parallel dimension has its own communicator: `--tp 2` over
+/// 8 GPUs pays for a data-parallel group of 4 and a tensor-parallel group of 2.
 #[test]
 fn nccl_line() {
     let r = report(&[LLAMA, "--gpus", "8", "--zero", "3"]);
-    assert_eq!(parallel(&r, "nccl_bytes"), 308_281_344);
+    assert_eq!(parallel(&r, "nccl_bytes"), 462_422_016);
+    let two = report(&[LLAMA, "--gpus", "2", "--zero", "3"]);
+    assert_eq!(parallel(&two, "nccl_bytes"), 308_281_344);
+    let tp = report(&[LLAMA, "--gpus", "8", "--tp", "2"]);
+    assert_eq!(parallel(&tp, "nccl_bytes"), 462_422_016 + 308_281_344);
     let single = report(&[LLAMA]);
     // The same tensors, context and workspaces; the plan changes the tensors, so compare the
     // device figure's parts instead: device = peak + context + workspaces + NCCL.
     assert_eq!(
         u(&r, "device_bytes"),
-        u(&r, "peak_bytes") + u(&r, "cuda_context_bytes") + u(&r, "workspace_bytes") + 308_281_344
+        u(&r, "peak_bytes") + u(&r, "cuda_context_bytes") + u(&r, "workspace_bytes") + 462_422_016
     );
     assert!(single.get("parallel").is_none());
     let cpu = report(&[LLAMA, "--gpus", "8", "--zero", "3", "--device", "cpu"]);
