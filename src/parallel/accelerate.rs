@@ -8,6 +8,9 @@
 //! - `distributed_type`: `NO` (one GPU), `MULTI_GPU` (DDP), `FSDP` (`fsdp_config`),
 //!   `DEEPSPEED` (`deepspeed_config`, inline keys or a `deepspeed_config_file`);
 //! - `num_processes`: the world size;
+//! - `deepspeed_config.zero_stage`: unset is stage 2 (`DeepSpeedPlugin.__post_init__`);
+//! - `fsdp_config.fsdp_version`: unset is 1 (`FullyShardedDataParallelPlugin.__post_init__`);
+//!   memest models FSDP2 only and names any other version in a note;
 //! - `mixed_precision`: under FSDP a `MixedPrecisionPolicy` with 16-bit `param_dtype` over
 //!   float32 shards (memest's `mixed-bf16`/`mixed-fp16` recipes), under DeepSpeed its
 //!   `bf16`/`fp16` section (`DeepSpeedPlugin.set_mixed_precision`), else autocast (`--amp`).
@@ -205,6 +208,23 @@ pub fn read(text: &str) -> Result<AccelerateConfig, Error> {
             };
             check_keys(f, "fsdp_config", FSDP, &mut plan.notes);
             let (strategy, reshard) = fsdp(f)?;
+            // `FullyShardedDataParallelPlugin.__post_init__`: `fsdp_version` unset is
+            // `int(os.environ.get("FSDP_VERSION", "1"))` (and `accelerate launch` passes "1"):
+            // FSDP1, whose flat parameters memest does not model.
+            let version = f.get("fsdp_version").and_then(|v| {
+                v.as_u64()
+                    .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+            });
+            if version != Some(2) {
+                plan.notes.push(ConfigNote {
+                    key: "fsdp_config.fsdp_version".into(),
+                    message: format!(
+                        "{}: FSDP1 is not modelled; estimated as FSDP2 (fully_shard) with the same strategy",
+                        f.get("fsdp_version")
+                            .map_or_else(|| "unset (accelerate's default is 1)".to_string(), ToString::to_string)
+                    ),
+                });
+            }
             plan.engine = Some(ConfigEngine::Fsdp(strategy, reshard));
             if truthy(f, "fsdp_config", "fsdp_offload_params")? == Some(true) {
                 plan.offload = Offload {
@@ -239,8 +259,10 @@ pub fn read(text: &str) -> Result<AccelerateConfig, Error> {
             check_keys(d, "deepspeed_config", DEEPSPEED, &mut plan.notes);
             deepspeed_config_file = text_of(d, "deepspeed_config_file")?;
             if deepspeed_config_file.is_none() {
+                // `DeepSpeedPlugin.__post_init__`: `zero_stage` unset is
+                // `int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", 2))`: stage 2.
                 let stage = match d.get("zero_stage") {
-                    None | Some(Value::Null) => 0,
+                    None | Some(Value::Null) => 2,
                     Some(v) => v
                         .as_u64()
                         .filter(|s| *s <= 3)
@@ -489,6 +511,47 @@ mod tests {
         let c = read("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n  fsdp_thing: 1\n").unwrap();
         assert_eq!(c.deepspeed_config_file.as_deref(), Some("ds.json"));
         assert_eq!(c.plan.notes[0].key, "deepspeed_config.fsdp_thing");
+    }
+
+    /// accelerate's defaults: `zero_stage` unset is 2 (`DeepSpeedPlugin.__post_init__`);
+    /// `fsdp_version` unset is 1, which memest names (it models FSDP2 only).
+    #[test]
+    fn accelerate_defaults() {
+        let c = read("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  offload_optimizer_device: none\n").unwrap();
+        let Some(ConfigEngine::Zero(z)) = c.plan.engine else {
+            panic!("zero")
+        };
+        assert_eq!(z, Zero::stage(2));
+        for (yaml, note) in [
+            (
+                "",
+                Some("unset (accelerate's default is 1): FSDP1 is not modelled"),
+            ),
+            ("  fsdp_version: 1\n", Some("1: FSDP1 is not modelled")),
+            ("  fsdp_version: \"2\"\n", None),
+            ("  fsdp_version: 2\n", None),
+        ] {
+            let c = read(&format!(
+                "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n{yaml}"
+            ))
+            .unwrap();
+            let got: Vec<String> = c
+                .plan
+                .notes
+                .iter()
+                .map(|n| format!("{}: {}", n.key, n.message))
+                .collect();
+            match note {
+                Some(_) => assert_eq!(got.len(), 1, "{got:?}"),
+                None => assert!(got.is_empty(), "{got:?}"),
+            }
+            if let Some(n) = note {
+                assert!(
+                    got[0].starts_with(&format!("fsdp_config.fsdp_version: {n}")),
+                    "{got:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -239,6 +239,24 @@ fn offload_moves_state_to_the_host() {
     }
 }
 
+/// accelerate's DeepSpeed plugin defaults to ZeRO-2 (`DeepSpeedPlugin.__post_init__`:
+/// `ACCELERATE_DEEPSPEED_ZERO_STAGE`, default 2): a `deepspeed_config` without `zero_stage` is
+/// `--zero 2`.
+#[test]
+fn accelerate_deepspeed_defaults_to_zero2() {
+    let base = [
+        LLAMA, "--seq", "128", "--device", "cpu", "--batch", "2", "--optim", "adamw",
+    ];
+    let mut a = base.to_vec();
+    a.extend([
+        "--accelerate",
+        "tests/fixtures/parallel/accelerate_ds_default_stage.yaml",
+    ]);
+    let mut b = base.to_vec();
+    b.extend(["--gpus", "2", "--zero", "2"]);
+    assert_eq!(figures(report(&a)), figures(report(&b)));
+}
+
 /// FSDP2's `CPUOffloadPolicy`: the parameter, gradient and optimizer-state shards on the host.
 /// World 2: parameter shards 88,089,600 B (every dim-0 divides by 2), gradient shards as many,
 /// AdamW's moments 176,179,200 + one 4-byte `step` per parameter tensor (39 tensors: 156 B)
