@@ -104,7 +104,7 @@ const TOP: &[(&str, Known)] = &[
     ("disable_allgather", Known::NoEffect),
     ("communication_data_type", Known::NotModelled),
     ("seq_parallel_communication_data_type", Known::NotModelled),
-    ("data_types", Known::NotModelled),
+    ("data_types", Known::Object),
     ("amp", Known::NotModelled),
     ("torch_autocast", Known::NotModelled),
     ("sparse_gradients", Known::NotModelled),
@@ -200,6 +200,9 @@ const PRECISION: &[(&str, Known)] = &[
     ("bf16_optimizer_states", Known::NotModelled),
 ];
 
+/// `data_types` (`deepspeed/runtime/config.py`: `grad_accum_dtype`).
+const DATA_TYPES: &[(&str, Known)] = &[("grad_accum_dtype", Known::Read)];
+
 /// `optimizer`.
 const OPTIMIZER: &[(&str, Known)] = &[("type", Known::Read), ("params", Known::NoEffect)];
 
@@ -253,6 +256,30 @@ pub fn read(text: &str) -> Result<ConfigPlan, Error> {
                     ));
                 }
                 plan.dtype = Some(dtype);
+            }
+        }
+    }
+    if let Some(obj) = object(&top, "data_types")? {
+        check_keys(obj, "data_types", DATA_TYPES, &mut plan.notes);
+        match obj.get("grad_accum_dtype") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(d)) => match d.to_ascii_lowercase().trim_start_matches("torch.") {
+                // `DtypeEnum` (`deepspeed/inference/config.py`): fp32/float32/float,
+                // fp16/float16/half, bf16/bfloat16, with or without `torch.`.
+                "fp32" | "float32" | "float" => plan.grad_accum_fp32 = true,
+                "fp16" | "float16" | "half" | "bf16" | "bfloat16" | "bfloat" => {}
+                other => {
+                    return Err(bad(
+                        "data_types.grad_accum_dtype",
+                        &format!("expected fp32, fp16 or bf16, got {other}"),
+                    ));
+                }
+            },
+            Some(v) => {
+                return Err(bad(
+                    "data_types.grad_accum_dtype",
+                    &format!("expected fp32, fp16 or bf16, got {v}"),
+                ));
             }
         }
     }

@@ -671,6 +671,9 @@ pub struct ConfigPlan {
     pub recipe: Option<crate::cost::RecipeName>,
     /// Autocast (accelerate's `mixed_precision` under DDP).
     pub amp: Option<crate::cost::Amp>,
+    /// DeepSpeed's `data_types.grad_accum_dtype` is `fp32` (with `bf16` at ZeRO-1 it selects
+    /// `BF16_Optimizer`, which memest does not model: [`PlanFlags::resolve`] refuses it).
+    pub grad_accum_fp32: bool,
     /// Activation checkpointing of every block (accelerate's `fsdp_activation_checkpointing`).
     pub checkpoint: Option<bool>,
     /// The optimizer (DeepSpeed's `optimizer.type`).
@@ -1044,6 +1047,7 @@ impl PlanFlags {
             None => cfg.map_or(Offload::none(), |c| c.offload),
         };
         plan.check_offload()?;
+        plan.check_deepspeed_precision(cfg)?;
         if let (Some(t), Some(dp)) = (cfg.and_then(|c| c.train_batch), plan.data_parallel())
             && let (Some(m), a) = (micro, accum.unwrap_or(1))
             && m.checked_mul(a).and_then(|x| x.checked_mul(dp)) != Some(t)
@@ -1066,6 +1070,53 @@ impl Plan {
             auto.fill(z, h);
             z.auto_from_hidden = deepspeed::AutoFromHidden::default();
         }
+    }
+
+    /// Refuses the DeepSpeed precision wrappers memest does not model. Outside ZeRO, or at
+    /// ZeRO-1 with `bf16` and `data_types.grad_accum_dtype: fp32` (without optimizer offload),
+    /// `DeepSpeedEngine._do_optimizer_sanity_check` (`deepspeed/runtime/engine.py`) wraps the
+    /// optimizer in `FP16_Optimizer`/`FP16_UnfusedOptimizer` (`fp16`; `bf16` too in recent
+    /// DeepSpeed, its `DDP_BFLOAT16`: float32 master copies of every parameter) or
+    /// `BF16_Optimizer` (`bf16` with float32 gradient accumulation: float32 master partitions
+    /// and a float32 gradient accumulation buffer of every parameter). memest would model these
+    /// as pure 16-bit training, so it refuses them.
+    ///
+    /// # Errors
+    /// [`Error::Setting`](crate::Error::Setting) for those plans, naming the wrapper.
+    fn check_deepspeed_precision(&self, cfg: Option<&ConfigPlan>) -> Result<(), crate::Error> {
+        let (Sharding::Zero(z), Some(c)) = (self.sharding, cfg) else {
+            return Ok(());
+        };
+        let section = match c.dtype {
+            Some(DType::Bfloat16) => "bf16",
+            Some(DType::Float16) => "fp16",
+            _ => return Ok(()),
+        };
+        let wrapper = if z.stage == 0 {
+            if section == "fp16" {
+                "FP16_Optimizer (FP16_UnfusedOptimizer for unfused optimizers)"
+            } else if c.grad_accum_fp32 {
+                "BF16_Optimizer"
+            } else {
+                "BF16_Optimizer (older DeepSpeed) or FP16_Optimizer over bfloat16 (recent DeepSpeed's DDP_BFLOAT16)"
+            }
+        } else if z.stage == 1
+            && section == "bf16"
+            && c.grad_accum_fp32
+            && self.offload.optimizer.is_none()
+        {
+            "BF16_Optimizer"
+        } else {
+            return Ok(());
+        };
+        Err(crate::Error::setting(
+            crate::error::SettingKey::Parallel,
+            format!(
+                "DeepSpeed ZeRO-{} with {section} runs {wrapper}, with float32 master weights (and gradient buffers) that memest does not model; use ZeRO stage {} or more, or leave {section} off",
+                z.stage,
+                z.stage + 1
+            ),
+        ))
     }
 
     /// Checks that the engine can offload what the plan offloads, and puts FSDP's offload in

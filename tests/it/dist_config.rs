@@ -239,6 +239,35 @@ fn offload_moves_state_to_the_host() {
     }
 }
 
+/// The precision wrappers DeepSpeed runs outside ZeRO (and at ZeRO-1 with bf16 and float32
+/// gradient accumulation) are refused, naming them (`engine.py`,
+/// `_do_optimizer_sanity_check`).
+#[test]
+fn deepspeed_precision_wrappers_are_refused() {
+    for (file, says) in [
+        (
+            "tests/fixtures/parallel/ds_zero0_bf16.json",
+            "DeepSpeed ZeRO-0 with bf16 runs BF16_Optimizer (older DeepSpeed) or FP16_Optimizer over bfloat16 (recent DeepSpeed's DDP_BFLOAT16)",
+        ),
+        (
+            "tests/fixtures/parallel/ds_zero1_bf16_fp32_accum.json",
+            "DeepSpeed ZeRO-1 with bf16 runs BF16_Optimizer",
+        ),
+    ] {
+        let out = memest(&with(&["--deepspeed", file, "--gpus", "2"]));
+        assert_eq!(code(&out), 2, "{file}");
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    }
+    let out = memest(&with(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_measured_zero1.json",
+        "--zero",
+        "0",
+    ]));
+    // No bf16/fp16 section in the file: DeepSpeed runs float32, no wrapper.
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
 /// accelerate's DeepSpeed plugin defaults to ZeRO-2 (`DeepSpeedPlugin.__post_init__`:
 /// `ACCELERATE_DEEPSPEED_ZERO_STAGE`, default 2): a `deepspeed_config` without `zero_stage` is
 /// `--zero 2`.
