@@ -418,7 +418,9 @@ fn zero(
                 ));
             }
         };
-        if flag(o, &path, "pin_memory")? == Some(true) {
+        // `offload_param.pin_memory` does not change what memest counts: ZeRO-3 pins its
+        // parameter partitions whatever it says (`param_groups_fp16_flat_cpu_memory`).
+        if !is_param && flag(o, &path, "pin_memory")? == Some(true) {
             offload.pin_memory = true;
         }
         if let Some(r) = o.get("ratio").and_then(Value::as_f64)
@@ -438,7 +440,12 @@ fn zero(
         if device == Some(OffloadTarget::Nvme) {
             plan.notes.push(ConfigNote {
                 key: format!("{path}.device"),
-                message: "nvme: the GPU side is as with cpu; the state is on disk and the host's swap buffers are not counted in cpu_bytes".into(),
+                message: if stage < 3 {
+                    // `stage_1_and_2.py`: `cpu_offload = device != none`.
+                    "nvme: ZeRO stages 1 and 2 offload to host memory for any device but none; counted as cpu".into()
+                } else {
+                    "nvme: the GPU side is as with cpu; the state is on disk and the host's swap buffers are not counted in cpu_bytes".into()
+                },
             });
         }
         if is_param {

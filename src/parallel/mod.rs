@@ -126,8 +126,9 @@ impl std::fmt::Display for TpStyle {
 pub enum OffloadTarget {
     /// Host memory (ZeRO-Offload).
     Cpu,
-    /// An NVMe drive through host buffers (ZeRO-Infinity): the state is on disk; only the
-    /// GPU side is modelled, and the host's swap buffers are not counted.
+    /// An NVMe drive through host buffers (ZeRO-Infinity, ZeRO-3): the state is on disk; only
+    /// the GPU side is modelled, and the host's swap buffers are not counted. ZeRO-1/2 treat it
+    /// as [`OffloadTarget::Cpu`] (`stage_1_and_2.py`).
     Nvme,
 }
 
@@ -150,9 +151,10 @@ pub struct Offload {
     pub optimizer: Option<OffloadTarget>,
     /// Parameter partitions (ZeRO-3) or shards (FSDP).
     pub params: Option<OffloadTarget>,
-    /// `pin_memory`: page-locked host buffers (DeepSpeed default false for its `offload_*`
-    /// configs; FSDP2's `CPUOffloadPolicy(pin_memory=True)` by default). Pinned or not, the
-    /// bytes are host bytes; it only says which ones are page-locked.
+    /// `pin_memory`: page-locked host buffers. DeepSpeed: `offload_optimizer.pin_memory`
+    /// (default false; `offload_param.pin_memory` is not this: ZeRO-3 pins its parameter
+    /// partitions whatever it says); FSDP2's `CPUOffloadPolicy(pin_memory=True)` by default.
+    /// Pinned or not, the bytes are host bytes; it only says which ones are page-locked.
     pub pin_memory: bool,
 }
 
@@ -1143,7 +1145,14 @@ impl Plan {
             Sharding::Zero(z) if z.stage < 3 && self.offload.params.is_some() => err(
                 "parameter offload (offload_param) is valid only with ZeRO stage 3; use --offload optimizer or --zero 3",
             ),
-            Sharding::Zero(_) => Ok(()),
+            Sharding::Zero(z) => {
+                // `stage_1_and_2.py`: `cpu_offload = offload_optimizer.device != none`; NVMe is
+                // host offload at ZeRO-1/2 (only ZeRO-3 swaps to NVMe).
+                if z.stage < 3 && self.offload.optimizer == Some(OffloadTarget::Nvme) {
+                    self.offload.optimizer = Some(OffloadTarget::Cpu);
+                }
+                Ok(())
+            }
             Sharding::Fsdp(_) => {
                 if self.offload.params.is_none() {
                     return err(

@@ -655,32 +655,45 @@ impl Dist {
         let largest_grad = trainable
             .iter()
             .fold(0u64, |a, t| a.max(bytes_of(grad_dtype(t.dtype), t.numel)));
-        dist.offload(plan, tape, largest_grad);
+        dist.offload(plan, tape, largest_grad, settings.grad_accum);
         dist
     }
 
     /// Moves what `plan` offloads from this GPU to the host, after the engine's own figures are
     /// set. `largest_grad` is the bytes of the largest parameter's gradient (ZeRO-1/2's
-    /// staging buffers).
+    /// staging buffers); `grad_accum` the micro-batches per optimizer step.
     ///
     /// - DeepSpeed `offload_optimizer` (ZeRO-Offload): the optimizer state, the float32 master
-    ///   partition (always pinned: `get_accelerator().pin_memory(weights_partition)` in
-    ///   `DeepSpeedZeroOptimizer.__init__`) and the float32 gradient partition
-    ///   (`single_partition_of_fp32_groups[i].grad`, pinned with `pin_memory`) go to the host;
-    ///   ZeRO-1/2 copy each reduced gradient there through `temp_grad_buffer_for_gpu_offload`
-    ///   (on the GPU, the largest parameter's numel in the 16-bit dtype, all run long) and
-    ///   `temp_grad_buffer_for_cpu_offload` (its host twin), so `grads_in_partition`, the
-    ///   step's float32 partition and its float64 norm copies are never made on the GPU
-    ///   (`copy_grads_in_partition` returns early under `cpu_offload`). ZeRO-3 puts its
-    ///   `grad_partitions_flat_buffer` and the float32 partitions on the host too
-    ///   (`stage3.py`: `self.device` is `cpu` under `offload_optimizer`).
+    ///   partition and the float32 gradient partition (`single_partition_of_fp32_groups[i].grad`,
+    ///   pinned with `pin_memory`) go to the host. ZeRO-1/2 pin the master partition whatever
+    ///   `pin_memory` says (`get_accelerator().pin_memory(weights_partition)` in
+    ///   `DeepSpeedZeroOptimizer.__init__`, DeepSpeed up to 0.16) and copy each reduced
+    ///   gradient there through `temp_grad_buffer_for_gpu_offload` (on the GPU, the largest
+    ///   parameter's numel in the 16-bit dtype, all run long) and `temp_grad_buffer_for_cpu_offload`
+    ///   (its host twin), so `grads_in_partition`, the step's float32 partition and its float64
+    ///   norm copies are never made on the GPU (`copy_grads_in_partition` returns early under
+    ///   `cpu_offload`). With `gradient_accumulation_steps` above 1, `copy_grads_in_partition`
+    ///   also accumulates each gradient of this rank's partition on the host
+    ///   (`async_accumulate_grad_in_cpu_via_gpu`: `accumulated_grads_in_cpu`, one buffer of the
+    ///   whole parameter's numel in its dtype per parameter overlapping the partition, pinned
+    ///   with `pin_memory`). ZeRO-1/2 run any device other than `none` (NVMe included) as this
+    ///   CPU offload (`cpu_offload = device != none`; [`Plan::check_offload`] makes it `cpu`).
+    ///   ZeRO-3 puts its `grad_partitions_flat_buffer` on the host too (`stage3.py`:
+    ///   `self.device` is `cpu` under `offload_optimizer`, pinned with `pin_memory`); its float32
+    ///   master partitions are `.to(cpu, dtype).clone().detach()`, never pinned. ZeRO-3 to NVMe:
+    ///   the state, master and float32 gradient partitions are on disk (the host's swap buffers
+    ///   are not counted); the gradient partitions stay on the host.
     /// - DeepSpeed `offload_param` (ZeRO-3): the 16-bit partitions live in
-    ///   `param_groups_fp16_flat_cpu_memory`, always pinned; the GPU keeps only gathered units
-    ///   and the persistent small parameters.
+    ///   `param_groups_fp16_flat_cpu_memory`, always pinned whatever `offload_param.pin_memory`
+    ///   says; the GPU keeps only gathered units and the persistent small parameters. To NVMe
+    ///   they are on disk: no host bytes counted.
     /// - FSDP2 `CPUOffloadPolicy`: parameter shards, gradient shards (the reduce-scatter output
     ///   is copied to the host) and optimizer state on the host; pinned: the parameter and
     ///   gradient shards (`pin_memory=True`).
-    fn offload(&mut self, plan: &Plan, tape: &Tape, largest_grad: u64) {
+    ///
+    /// [`Plan::check_offload`]: crate::parallel::Plan::check_offload
+    fn offload(&mut self, plan: &Plan, tape: &Tape, largest_grad: u64, grad_accum: u64) {
+        use crate::parallel::OffloadTarget;
         let off = plan.offload;
         if !off.any() {
             return;
@@ -691,17 +704,17 @@ impl Dist {
         let resident: u64 = self.parameter_bytes();
         match plan.sharding {
             Sharding::Zero(z) => {
-                if off.optimizer.is_some() {
+                if let Some(target) = off.optimizer {
                     let master = self.master_partition_bytes;
                     let fp32_grad = self.step_grad_bytes;
-                    host = host
-                        .saturating_add(self.optimizer.state_bytes)
-                        .saturating_add(master)
-                        .saturating_add(fp32_grad);
-                    pinned = pinned.saturating_add(pinned_if(fp32_grad));
+                    if target == OffloadTarget::Cpu {
+                        host = host
+                            .saturating_add(self.optimizer.state_bytes)
+                            .saturating_add(master)
+                            .saturating_add(fp32_grad);
+                        pinned = pinned.saturating_add(pinned_if(fp32_grad));
+                    }
                     if z.stage >= 3 {
-                        // Pinned only with `pin_memory` (else `unpinned_fp32_buffer`).
-                        pinned = pinned.saturating_add(pinned_if(master));
                         let grads = std::mem::take(&mut self.grads_always);
                         host = host.saturating_add(grads);
                         pinned = pinned.saturating_add(pinned_if(grads));
@@ -712,6 +725,10 @@ impl Dist {
                         self.comm_always = self.comm_always.saturating_add(largest_grad);
                         self.partition_buffer = 0;
                         if let Some(b) = &mut self.buckets {
+                            if grad_accum > 1 {
+                                host = host.saturating_add(b.in_partition_bytes);
+                                pinned = pinned.saturating_add(pinned_if(b.in_partition_bytes));
+                            }
                             b.in_partition_bytes = 0;
                             b.flat_bytes = 0;
                             b.norm_temp_bytes = 0;
@@ -721,9 +738,11 @@ impl Dist {
                     self.master_partition_bytes = 0;
                     self.step_grad_bytes = 0;
                 }
-                if off.params.is_some() {
-                    host = host.saturating_add(resident);
-                    pinned = pinned.saturating_add(resident);
+                if let Some(target) = off.params {
+                    if target == OffloadTarget::Cpu {
+                        host = host.saturating_add(resident);
+                        pinned = pinned.saturating_add(resident);
+                    }
                     for b in self.resident.values_mut() {
                         *b = 0;
                     }
@@ -756,13 +775,8 @@ impl Dist {
             Sharding::Ddp(_) => {}
         }
         let _ = tape;
-        // NVMe: the state is on disk; the host's swap buffers are not modelled.
-        let nvme = off.optimizer == Some(crate::parallel::OffloadTarget::Nvme)
-            || off.params == Some(crate::parallel::OffloadTarget::Nvme);
-        if !nvme {
-            self.cpu_bytes = host;
-            self.cpu_pinned_bytes = pinned;
-        }
+        self.cpu_bytes = host;
+        self.cpu_pinned_bytes = pinned;
     }
 }
 

@@ -239,6 +239,66 @@ fn offload_moves_state_to_the_host() {
     }
 }
 
+/// Offload details from DeepSpeed's source, by hand on the world-2 case above (flat partition
+/// 22,022,400 elements; master, float32 gradient and ZeRO-3 gradient partitions 88,089,600 B each;
+/// AdamW's state 176,179,204 B; staging buffer 65,536,000 B):
+///
+/// - `offload_optimizer.device: nvme` at ZeRO-2 is host offload (`stage_1_and_2.py`:
+///   `cpu_offload = device != none`): the same report as `--offload optimizer`;
+/// - ZeRO-2 with `gradient_accumulation_steps` 2 adds `accumulated_grads_in_cpu`: the whole
+///   numel of every parameter overlapping rank 0's partition (the embedding, layers 0 and 1 and
+///   layer 2's first RMSNorm: 16,384,000 + 2 · 2,819,072 + 512 = 22,022,656 elements, the last
+///   rank's part is as large), 88,090,624 B, pinned with `pin_memory`: host 417,894,404 +
+///   88,090,624 = 505,985,028 B; pinned 88,089,600 (master) + 88,089,600 (float32 gradient) +
+///   65,536,000 (staging) + 88,090,624 = 329,805,824 B;
+/// - ZeRO-3 with parameters to NVMe and the optimizer to the CPU: the optimizer side stays on
+///   the host (440,448,004 B), the parameters are on disk;
+/// - ZeRO-3 with `offload_optimizer.pin_memory` true and `offload_param.pin_memory` false: the
+///   float32 gradient and gradient partitions are pinned (2 × 88,089,600), the parameter
+///   partitions always are (88,089,600), the float32 master partition never is
+///   (`.to(cpu).clone()`): 264,268,800 of 528,537,604 B.
+#[test]
+fn offload_follows_deepspeed() {
+    let base = [
+        "--gpus",
+        "2",
+        "--reduce-bucket-size",
+        "5000000",
+        "--batch",
+        "2",
+        "--optim",
+        "adamw",
+    ];
+    let run = |extra: &[&str]| {
+        let mut all = base.to_vec();
+        all.extend(extra);
+        report(&with(&all))
+    };
+    let nvme = run(&["--deepspeed", "tests/fixtures/parallel/ds_zero2_nvme.json"]);
+    let cpu = run(&["--zero", "2", "--offload", "optimizer"]);
+    assert_eq!(parallel(&nvme, "cpu_bytes"), 417_894_404);
+    assert_eq!(figures(nvme), figures(cpu));
+    let accum = run(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero2_offload_accum.json",
+    ]);
+    assert_eq!(parallel(&accum, "cpu_bytes"), 505_985_028);
+    assert_eq!(parallel(&accum, "cpu_pinned_bytes"), 329_805_824);
+    let r = run(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero3_param_nvme.json",
+    ]);
+    assert_eq!(parallel(&r, "cpu_bytes"), 440_448_004);
+    assert_eq!(parallel(&r, "cpu_pinned_bytes"), 0);
+    assert_eq!(u(&r, "parameters_bytes"), 0);
+    let r = run(&[
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero3_pinned.json",
+    ]);
+    assert_eq!(parallel(&r, "cpu_bytes"), 528_537_604);
+    assert_eq!(parallel(&r, "cpu_pinned_bytes"), 264_268_800);
+}
+
 /// The precision wrappers DeepSpeed runs outside ZeRO (and at ZeRO-1 with bf16 and float32
 /// gradient accumulation) are refused, naming them (`engine.py`,
 /// `_do_optimizer_sanity_check`).
