@@ -428,20 +428,27 @@ impl CachingAllocator {
                 return Ok(c);
             }
         }
-        let base = self.next_addr;
-        self.next_addr = base
-            .checked_add(EXPANDABLE_SPACE_BYTES)
-            .and_then(|a| a.checked_add(SEGMENT_GAP_BYTES))
-            .ok_or_else(overflow)?;
         let page = if small {
             SMALL_BUFFER_BYTES
         } else {
             LARGE_BUFFER_BYTES
         };
+        // A request past the usual space gets a segment that holds it (memory is unbounded
+        // here; PyTorch would be out of memory long before).
+        let space = size
+            .div_ceil(page)
+            .checked_mul(page)
+            .ok_or_else(overflow)?
+            .max(EXPANDABLE_SPACE_BYTES);
+        let base = self.next_addr;
+        self.next_addr = base
+            .checked_add(space)
+            .and_then(|a| a.checked_add(SEGMENT_GAP_BYTES))
+            .ok_or_else(overflow)?;
         self.segments.push(Expandable { page });
         let b = self.new_block(Block {
             addr: base,
-            size: EXPANDABLE_SPACE_BYTES,
+            size: space,
             prev: None,
             next: None,
             allocated: false,
@@ -780,6 +787,19 @@ mod tests {
         ];
         let p = run(&events, EXPANDABLE);
         assert_eq!((p.allocated, p.reserved), (20 * MIB, 40 * MIB));
+    }
+
+    /// A request larger than an expandable segment's usual space (64 TiB) gets a segment that
+    /// holds it, not an internal error (fuzz finding: `--batch 1048576 --expandable-segments`
+    /// on a Granite config).
+    #[test]
+    fn expandable_segments_hold_a_request_past_their_space() {
+        let huge = (1u64 << 46) + 3 * MIB;
+        let p = run(&[alloc(1, MIB), alloc(2, huge)], EXPANDABLE);
+        // 1 MiB in the small pool (a 2 MiB page); the huge request in a large segment of its
+        // own, mapped in whole 20 MiB pages (2^46 + 3 MiB maps 2^46 + 16 MiB).
+        assert_eq!(p.allocated, MIB + huge);
+        assert_eq!(p.reserved, 2 * MIB + huge.div_ceil(20 * MIB) * 20 * MIB);
     }
 
     #[test]
