@@ -957,6 +957,7 @@ fn allocator_peaks(
         if kept.is_none() {
             r.zero_grad();
         }
+        r.load_past();
         r.forward(training.is_some());
         if let Some(param_grad) = training {
             let mut bwd = r.backward(param_grad, kept.as_ref(), in_backward);

@@ -921,6 +921,21 @@ impl Replay<'_> {
         }
     }
 
+    /// What exists before a decode step of `generate`: the past caches and the tensors carried
+    /// from the previous step ([`StorageKind::PastKvCache`], [`StorageKind::Carried`]), as
+    /// [`Replay::start`] has them; none outside generation.
+    pub(super) fn load_past(&mut self) {
+        let tape = self.tape;
+        for (s, storage) in tape.storages.iter_enumerated() {
+            if matches!(
+                storage.kind,
+                StorageKind::PastKvCache | StorageKind::Carried
+            ) {
+                self.alloc(s);
+            }
+        }
+    }
+
     /// An EMA copy of the weights (`copy.deepcopy(model)`), tensor by tensor.
     pub(super) fn ema_copy(&mut self, tensors: impl Iterator<Item = u64>) {
         for bytes in tensors {
