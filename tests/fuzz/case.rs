@@ -1,37 +1,50 @@
 //! One fuzz case and the invariants every case must hold, shared by the proptest driver
-//! (`tests/fuzz/main.rs`) and the libFuzzer target (`fuzz/fuzz_targets/pipeline.rs`).
+//! (`tests/fuzz/main.rs`) and the libFuzzer targets (`fuzz/fuzz_targets/`).
 //!
 //! A case is the text a user could give memest: an optional first line `#!memest <flags>`
 //! (command-line flags, split on spaces), then the model description (TOML or JSON, sniffed as
-//! for standard input). [`check`] runs it in-process through the library, as the binary does
-//! (`memest::load_spec`, then `memest::run`), and returns how it ended or which invariant broke:
+//! for standard input). [`check`] runs it in-process exactly as the binary does: the flags
+//! through `memest`'s own clap definition and [`Cli::into_request`], then
+//! [`memest::command::execute`] with the case as the input, into buffers. It returns how the
+//! case ended or which invariant broke:
 //!
 //! - no panic (the caller catches it);
-//! - a refusal is a typed [`memest::Error`] (exit 2) with a message, never `Error::Internal`,
-//!   and [`memest::locate`] places it without panicking;
+//! - exit 0, 1 or 2 only: a usage error is clap's exit 2 (0 for `--help`, `--version`), a
+//!   refusal is a typed [`memest::Error`] (exit 2) with a message, never `Error::Internal`, and
+//!   the exit status is 1 exactly when a report is over its budget;
+//! - `--format json` prints JSON that validates against `schema/report.schema.json` (or
+//!   `schema/sweep.schema.json`), and so does every report's JSON in any format;
 //! - an estimate's at-peak categories sum to its peak, the total equals the peak, no category at
-//!   the peak exceeds its step maximum, the JSON report has only non-negative numbers, the
-//!   budget verdict (exit 0 or 1) matches the figures, and the table renders;
+//!   the peak exceeds its step maximum, the parameter bytes and counts by dtype sum to their
+//!   totals, nothing in the JSON is negative, the budget verdict matches the figure it checks;
+//! - on CUDA, the tensor peak ≤ `allocated` ≤ `reserved` and `device` = reserved + context +
+//!   workspaces (no allocator or device figure on the CPU); with `--gpu`, the budget defaults
+//!   to its total and its usable bytes are the total less context and workspaces;
+//! - under a multi-GPU plan, the report's model states are the per-GPU ones, none above its
+//!   unsharded figure, and the world size is the plan's; with `--grad-accum`, `--paged`,
+//!   `--ema` and `--mode generate`, their own figures are present exactly when asked for and
+//!   agree with the peak;
 //! - one more sample in the micro-batch never lowers the peak, the activations, the input or
 //!   the KV cache (or it is refused because a tensor broadcasts against the batch dimension,
 //!   as PyTorch would);
-//! - `--print-model` (`print_model::to_toml`), read back, gives the same report.
+//! - `--print-model`'s output, read back, gives the same report.
 
-use memest::cost::{Amp, Optimizer, OptimizerImpl, Quant, RecipeName};
-use memest::dtype::DType;
+use std::process::ExitCode;
+use std::sync::OnceLock;
+
+use clap::Parser;
+use memest::cli::{Cli, Input, OutputFormat, Request};
 use memest::hf::Head;
 use memest::report::{Dimension, Report};
-use memest::settings::{Lora, Overrides};
 use memest::spec::{Format, LayerSpec, ModelSpec};
-use memest::units::UnitSystem;
-use memest::vocab::{AttentionImpl, Device, Mode, Vocab};
+use memest::vocab::Device;
 use memest::{Error, Query};
 
 /// The first line of a case that carries flags.
 pub const FLAGS_PREFIX: &str = "#!memest";
 
-/// Unrolled layers above which a case is skipped: repeats are unrolled today, so a large
-/// `count` costs seconds and gigabytes (issue 12, "Never slow, never big").
+/// Unrolled layers above which a case is skipped: a large `count` multiplies the work
+/// (issue 12, "Never slow, never big"), which the benchmarks cover, not the fuzzer.
 pub const MAX_UNROLLED_LAYERS: u64 = 20_000;
 
 /// The most times `--max-batch`/`--max-context` may be asked of a case with many layers (the
@@ -41,7 +54,7 @@ const MAX_SEARCH_LAYERS: u64 = 2_000;
 /// How a case ended when every invariant held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// A flag clap would refuse (exit 2).
+    /// Flags clap or [`Cli::into_request`] refuses (exit 2), or `--help`/`--version` (exit 0).
     Usage,
     /// A typed library error (exit 2).
     Refused,
@@ -51,21 +64,8 @@ pub enum Outcome {
     Over,
     /// `--print-model` printed the model (exit 0).
     Printed,
-    /// Too many unrolled layers to run quickly today (see [`MAX_UNROLLED_LAYERS`]).
+    /// Too many unrolled layers to run quickly (see [`MAX_UNROLLED_LAYERS`]).
     Skipped,
-}
-
-/// The flags of a case, as the command line would resolve them.
-#[derive(Clone, Debug, Default)]
-pub struct Flags {
-    /// Overrides, budget, search and warnings.
-    pub query: Query,
-    /// `--head`.
-    pub head: Head,
-    /// `--print-model`.
-    pub print_model: bool,
-    /// `--sweep`.
-    pub sweep: Option<memest::sweep::Sweep>,
 }
 
 /// Splits a case into its flags (the words after [`FLAGS_PREFIX`]) and the model text.
@@ -90,134 +90,31 @@ pub fn join(flags: &[String], model: &str) -> String {
     }
 }
 
-fn vocab<T: Vocab>(v: &str) -> Result<T, String> {
-    T::parse(v).ok_or_else(|| T::unknown(v))
-}
+/// The path the case's model stands at on the command line (never read: [`check`] gives the
+/// case's text as the input).
+const MODEL_ARG: &str = "case";
 
-fn number(v: &str) -> Result<u64, String> {
-    match v.parse::<u64>() {
-        Ok(0) => Err("0 is not in 1..".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-fn dtype(v: &str) -> Result<DType, String> {
-    v.parse()
-        .map_err(|e: memest::dtype::DTypeParseError| e.to_string())
-}
-
-/// Resolves flags as `memest`'s command line does (`src/cli.rs`), or says why clap would
-/// refuse them (exit 2).
+/// `memest case <words>`, resolved by the binary's own clap definition and
+/// [`Cli::into_request`].
 ///
 /// # Errors
-/// An unknown flag, a missing or invalid value, or a combination clap refuses.
-pub fn parse_flags(words: &[&str]) -> Result<Flags, String> {
-    let mut o = Overrides::default();
-    let mut flags = Flags::default();
-    let (mut dtype_flag, mut quant, mut group_size, mut double_quant) = (None, None, None, None);
-    let (mut lora_rank, mut lora_targets, mut context) = (None, None, None);
-    let (mut max_batch, mut max_context) = (false, false);
-    let mut it = words.iter();
-    while let Some(&flag) = it.next() {
-        let mut value = || it.next().copied().ok_or(format!("{flag} needs a value"));
-        match flag {
-            "--batch" => o.batch = Some(number(value()?)?),
-            "--seq" => o.seq = Some(number(value()?)?),
-            "--context" => context = Some(number(value()?)?),
-            "--optim" => o.optimizer = Some(vocab::<Optimizer>(value()?)?),
-            "--optim-impl" => o.optimizer_impl = Some(vocab::<OptimizerImpl>(value()?)?),
-            "--mode" => o.mode = Some(vocab::<Mode>(value()?)?),
-            "--attention" => o.attention = Some(vocab::<AttentionImpl>(value()?)?),
-            "--amp" => o.amp = Some(vocab::<Amp>(value()?)?),
-            "--recipe" => o.recipe = Some(vocab::<RecipeName>(value()?)?),
-            "--device" => o.device = Some(vocab::<Device>(value()?)?),
-            "--checkpoint" => o.checkpoint = true,
-            "--dtype" => {
-                let v = value()?;
-                match v.parse::<Quant>() {
-                    Ok(q) => quant = Some(q),
-                    Err(_) => dtype_flag = Some(dtype(v)?),
-                }
-            }
-            "--kv-dtype" => o.kv_dtype = Some(dtype(value()?)?),
-            "--group-size" => group_size = Some(number(value()?)?),
-            "--double-quant" => {
-                double_quant = Some(match value()? {
-                    "true" => true,
-                    "false" => false,
-                    v => return Err(format!("invalid value `{v}` for --double-quant")),
-                });
-            }
-            "--lora-rank" => lora_rank = Some(number(value()?)?),
-            "--lora-targets" => {
-                lora_targets = Some(value()?.split(',').map(|t| t.trim().to_string()).collect());
-            }
-            "--budget" => {
-                flags.query.budget =
-                    Some(memest::units::parse_size(value()?).map_err(|e| e.to_string())?);
-            }
-            "--max-batch" => max_batch = true,
-            "--max-context" => max_context = true,
-            "--head" => {
-                flags.head = match value()?.to_ascii_lowercase().as_str() {
-                    "auto" => Head::Auto,
-                    "none" => Head::None,
-                    "lm" => Head::Lm,
-                    "classification" => Head::Classification,
-                    v => return Err(format!("invalid value `{v}` for --head")),
-                };
-            }
-            "--print-model" => flags.print_model = true,
-            "--allow-long-context" => flags.query.allow_long_context = true,
-            "--explain" => flags.query.observe.explain = true,
-            "--timeline" => flags.query.observe.timeline = true,
-            "--sweep" => flags.sweep = Some(value()?.parse().map_err(|e| format!("{e}"))?),
-            other => return Err(format!("unexpected argument `{other}`")),
-        }
+/// What clap or `into_request` says, with the exit status clap gives it.
+pub fn request(words: &[&str]) -> Result<Request, (i32, String)> {
+    let argv = ["memest", MODEL_ARG]
+        .into_iter()
+        .chain(words.iter().copied());
+    let cli = Cli::try_parse_from(argv).map_err(|e| (e.exit_code(), e.to_string()))?;
+    cli.into_request().map_err(|e| (2, format!("{e:#}")))
+}
+
+/// The case's model text as the binary's input.
+fn input(src: &str) -> Input {
+    Input {
+        src: src.to_string(),
+        origin: MODEL_ARG.to_string(),
+        format: Format::sniff(src),
+        name: MODEL_ARG.to_string(),
     }
-    if context.is_some() && (o.mode.is_some() || o.seq.is_some()) {
-        return Err("--context conflicts with --mode and --seq".into());
-    }
-    if (max_batch || max_context) && flags.query.budget.is_none() {
-        return Err("--max-batch and --max-context require --budget".into());
-    }
-    if max_batch && max_context {
-        return Err("--max-batch conflicts with --max-context".into());
-    }
-    if lora_targets.is_some() && lora_rank.is_none() {
-        return Err("--lora-targets requires --lora-rank".into());
-    }
-    if let Some(n) = context {
-        o.seq = Some(n);
-        o.mode = Some(Mode::Infer);
-    }
-    if let Some(rank) = lora_rank {
-        let strict = lora_targets.is_some();
-        let targets =
-            lora_targets.unwrap_or_else(|| Lora::DEFAULT_TARGETS.map(String::from).to_vec());
-        o.lora = Some(Lora {
-            rank,
-            targets,
-            strict,
-        });
-    }
-    if quant.is_some() {
-        dtype_flag = Some(DType::Bfloat16);
-    }
-    o.dtype = dtype_flag;
-    let (q, warning) = Quant::resolve(quant, group_size, double_quant);
-    o.quant = q;
-    flags.query.warnings = warning.into_iter().collect();
-    flags.query.search = if max_batch {
-        Some(Dimension::Batch)
-    } else if max_context {
-        Some(Dimension::Context)
-    } else {
-        None
-    };
-    flags.query.overrides = o;
-    Ok(flags)
 }
 
 /// The layers `spec` unrolls to (repeats multiplied out), saturating.
@@ -235,98 +132,183 @@ pub fn unrolled_layers(layers: &[LayerSpec]) -> u64 {
     })
 }
 
-/// A refusal must be typed, explained, and placeable in the file.
-fn check_error(e: Error, what: &str, src: &str, format: Format) -> Result<Outcome, String> {
-    if let Error::Internal(m) = e {
+/// A refusal must be typed (never `Error::Internal`), explained, and printed as the binary
+/// prints it, with exit 2.
+fn check_error(e: &anyhow::Error, what: &str) -> Result<Outcome, String> {
+    let typed = e.chain().find_map(|c| {
+        c.downcast_ref::<memest::Located>()
+            .map(|l| &l.error)
+            .or_else(|| c.downcast_ref::<Error>())
+    });
+    if let Some(Error::Internal(m)) = typed {
         return Err(format!("{what}: internal error: {m}"));
     }
-    if e.to_string().trim().is_empty() {
+    let mut stderr = Vec::new();
+    let code = memest::command::report_error(e, &mut stderr);
+    if code != ExitCode::from(2) {
+        return Err(format!("{what}: exit {code:?} for the error {e:#}"));
+    }
+    let text = String::from_utf8_lossy(&stderr);
+    let message = text
+        .trim()
+        .strip_prefix("error:")
+        .unwrap_or_default()
+        .trim();
+    if message.is_empty() {
         return Err(format!("{what}: an error without a message: {e:?}"));
     }
     if std::env::var_os("MEMEST_FUZZ_STATS").is_some() {
-        eprintln!(
-            "refused: {}",
-            e.to_string().chars().take(70).collect::<String>()
-        );
-    }
-    let located = memest::locate(e, "case", src, format);
-    if located.to_string().trim().is_empty() {
-        return Err(format!("{what}: a located error without a message"));
+        eprintln!("refused: {}", message.chars().take(70).collect::<String>());
     }
     Ok(Outcome::Refused)
 }
 
-/// Runs one case through the library and checks every invariant.
+/// A JSON Schema validator for one of the committed schemas.
+fn validator(text: &str) -> jsonschema::Validator {
+    let schema: serde_json::Value = serde_json::from_str(text).expect("a committed schema");
+    jsonschema::validator_for(&schema).expect("a valid schema")
+}
+
+/// `schema/report.schema.json`, compiled once.
+fn report_schema() -> &'static jsonschema::Validator {
+    static V: OnceLock<jsonschema::Validator> = OnceLock::new();
+    V.get_or_init(|| validator(include_str!("../../schema/report.schema.json")))
+}
+
+/// `schema/sweep.schema.json`, compiled once.
+fn sweep_schema() -> &'static jsonschema::Validator {
+    static V: OnceLock<jsonschema::Validator> = OnceLock::new();
+    V.get_or_init(|| validator(include_str!("../../schema/sweep.schema.json")))
+}
+
+fn validate(v: &jsonschema::Validator, what: &str, json: &serde_json::Value) -> Result<(), String> {
+    let errors: Vec<String> = v
+        .iter_errors(json)
+        .take(5)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} does not validate against its schema:\n{}",
+            errors.join("\n")
+        ))
+    }
+}
+
+/// Runs one case as the binary would and checks every invariant.
 ///
 /// # Errors
 /// The invariant that broke, with what the case did.
 pub fn check(case: &str) -> Result<Outcome, String> {
     let (words, src) = split(case);
-    let flags = match parse_flags(&words) {
-        Ok(flags) => flags,
-        Err(e) => {
+    let req = match request(&words) {
+        Ok(req) => req,
+        Err((code, message)) => {
             if std::env::var_os("MEMEST_FUZZ_STATS").is_some() {
-                eprintln!("usage: {e}");
+                eprintln!("usage: {}", message.lines().next().unwrap_or(""));
             }
-            return Ok(Outcome::Usage);
+            return match code {
+                0 | 2 => Ok(Outcome::Usage),
+                _ => Err(format!("clap exits {code}: {message}")),
+            };
         }
     };
-    let format = Format::sniff(src);
-    let spec = match memest::load_spec(src, format, flags.head) {
-        Ok(spec) => spec,
-        Err(e) => return check_error(e, "load_spec", src, format),
+    let input = input(src);
+    if let Ok(spec) = memest::load_spec(src, input.format, req.head) {
+        let layers = unrolled_layers(&spec.layers);
+        let searching = req.query.search.is_some() || req.sweep.is_some();
+        if layers > MAX_UNROLLED_LAYERS || (searching && layers > MAX_SEARCH_LAYERS) {
+            return Ok(Outcome::Skipped);
+        }
+    }
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let done = match memest::command::execute(&req, &input, &mut stdout, &mut stderr) {
+        Ok(done) => done,
+        Err(e) => return check_error(&e, "execute"),
     };
-    let layers = unrolled_layers(&spec.layers);
-    if layers > MAX_UNROLLED_LAYERS || (flags.query.search.is_some() && layers > MAX_SEARCH_LAYERS)
-    {
-        return Ok(Outcome::Skipped);
+    let over = done
+        .reports
+        .iter()
+        .any(|r| r.budget.as_ref().is_some_and(|b| !b.fits));
+    let expected = ExitCode::from(u8::from(over));
+    if done.code != expected {
+        return Err(format!(
+            "exit {:?}, but {} report(s) over the budget",
+            done.code,
+            if over { "some" } else { "no" }
+        ));
     }
-    if flags.print_model {
-        let printed = memest::print_model::to_toml(&spec)
-            .map_err(|e| format!("print_model::to_toml: {e}"))?;
-        memest::load_spec(&printed, Format::Toml, Head::Auto)
-            .map_err(|e| format!("--print-model output does not read back: {e}\n{printed}"))?;
-        return Ok(Outcome::Printed);
+    let stdout = String::from_utf8(stdout).map_err(|e| format!("stdout is not UTF-8: {e}"))?;
+    String::from_utf8(stderr).map_err(|e| format!("stderr is not UTF-8: {e}"))?;
+    if req.print_model {
+        return check_printed(src, req.head, &stdout);
     }
-    let query = &flags.query;
-    if let Some(sweep) = &flags.sweep {
-        return check_sweep(&spec, query, sweep, src, format);
+    if req.output.format == OutputFormat::Json {
+        let json: serde_json::Value = serde_json::from_str(&stdout)
+            .map_err(|e| format!("--format json printed no JSON: {e}\n{stdout}"))?;
+        match req.sweep {
+            Some(_) => validate(sweep_schema(), "--format json (a sweep)", &json)?,
+            None => validate(report_schema(), "--format json", &json)?,
+        }
     }
-    let report = match memest::run(&spec, "case", query) {
-        Ok(r) => r,
-        Err(e) => return check_error(e, "run", src, format),
-    };
-    check_report(&report, query)?;
-    if query.search.is_none() {
-        check_monotone_in_batch(&spec, query, &report)?;
+    let query = &req.query;
+    if let Some(sweep) = &req.sweep {
+        check_sweep(&done.reports, query, sweep)?;
+    } else {
+        let [report] = done.reports.as_slice() else {
+            return Err(format!("{} reports for one estimate", done.reports.len()));
+        };
+        check_report(report, query)?;
+        let spec = memest::load_spec(src, input.format, req.head)
+            .map_err(|e| format!("the model estimated but does not load again: {e}"))?;
+        if query.search.is_none() {
+            check_monotone_in_batch(&spec, query, report)?;
+        }
+        check_round_trip(&spec, query, report)?;
     }
-    check_round_trip(&spec, query, &report)?;
-    Ok(match &report.budget {
-        Some(b) if !b.fits => Outcome::Over,
-        _ => Outcome::Fits,
-    })
+    Ok(if over { Outcome::Over } else { Outcome::Fits })
+}
+
+/// `--print-model`'s output reads back, and estimates as the model it came from.
+fn check_printed(src: &str, head: Head, printed: &str) -> Result<Outcome, String> {
+    let back = memest::load_spec(printed, Format::Toml, Head::Auto)
+        .map_err(|e| format!("--print-model output does not read back: {e}\n{printed}"))?;
+    let spec = memest::load_spec(src, Format::sniff(src), head)
+        .map_err(|e| format!("the model printed but does not load again: {e}"))?;
+    let query = Query::default();
+    match (
+        memest::run(&spec, MODEL_ARG, &query),
+        memest::run(&back, MODEL_ARG, &query),
+    ) {
+        (Ok(a), Ok(b)) if a.to_json().ok() != b.to_json().ok() => Err(format!(
+            "--print-model output estimates differently\n{printed}"
+        )),
+        (Ok(_), Err(e)) => Err(format!(
+            "--print-model output does not estimate: {e}\n{printed}"
+        )),
+        (Err(e), Ok(_)) => Err(format!(
+            "--print-model output estimates where the model is refused ({e})\n{printed}"
+        )),
+        _ => Ok(Outcome::Printed),
+    }
 }
 
 /// Every report of a sweep holds the invariants, one per value, in order.
 fn check_sweep(
-    spec: &ModelSpec,
+    reports: &[Report],
     query: &Query,
     sweep: &memest::sweep::Sweep,
-    src: &str,
-    format: Format,
-) -> Result<Outcome, String> {
-    let swept = match memest::run_sweep(spec, "case", query, sweep) {
-        Ok(s) => s,
-        Err(e) => return check_error(e, "run_sweep", src, format),
-    };
-    if swept.sweep.len() != sweep.values.len() {
+) -> Result<(), String> {
+    if reports.len() != sweep.values.len() {
         return Err(format!(
             "{} reports for {} values",
-            swept.sweep.len(),
+            reports.len(),
             sweep.values.len()
         ));
     }
-    for (r, &v) in swept.sweep.iter().zip(&sweep.values) {
+    for (r, &v) in reports.iter().zip(&sweep.values) {
         let at = match sweep.dimension {
             Dimension::Batch => Some(r.settings.batch),
             Dimension::Context => r.settings.seq,
@@ -338,19 +320,32 @@ fn check_sweep(
         if at != Some(v) && !(at.is_none() && warned) {
             return Err(format!("the sweep's report for {v} is at {at:?}"));
         }
-        check_report(r, query)?;
+        let mut q = query.clone();
+        q.search = None;
+        check_report(r, &q)?;
     }
-    swept.to_json().map_err(|e| format!("sweep to_json: {e}"))?;
-    for units in [UnitSystem::Iec, UnitSystem::Si] {
-        let _ = memest::render::sweep(&swept.sweep, sweep, units);
-        let _ = memest::render::markdown::sweep(&swept.sweep, sweep, units);
+    Ok(())
+}
+
+/// `a ≤ b`, or what broke.
+fn at_most(a: (&str, u64), b: (&str, u64)) -> Result<(), String> {
+    if a.1 <= b.1 {
+        Ok(())
+    } else {
+        Err(format!("{} ({}) exceeds {} ({})", a.0, a.1, b.0, b.1))
     }
-    let _ = memest::render::csv::rows(&swept.sweep);
-    let over = swept
-        .sweep
-        .iter()
-        .any(|r| r.budget.as_ref().is_some_and(|b| !b.fits));
-    Ok(if over { Outcome::Over } else { Outcome::Fits })
+}
+
+/// `a = b`, or what broke.
+fn equal<T: PartialEq + std::fmt::Debug>(a: (&str, T), b: (&str, T)) -> Result<(), String> {
+    if a.1 == b.1 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} ({:?}) differs from {} ({:?})",
+            a.0, a.1, b.0, b.1
+        ))
+    }
 }
 
 /// The figures of one report agree with each other.
@@ -366,6 +361,7 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
         at.temporaries_bytes,
         at.input_bytes,
         at.kv_cache_bytes,
+        at.comm_buffers_bytes,
     ];
     let sum = parts.iter().try_fold(0u64, |s, &p| s.checked_add(p));
     if sum != Some(r.peak_bytes) {
@@ -374,15 +370,41 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
             r.peak_bytes
         ));
     }
-    if r.total_bytes != r.peak_bytes {
-        return Err(format!(
-            "total {} differs from peak {}",
-            r.total_bytes, r.peak_bytes
-        ));
+    equal(("total_bytes", r.total_bytes), ("peak_bytes", r.peak_bytes))?;
+    let by_dtype = r
+        .parameters_by_dtype
+        .values()
+        .try_fold(0u64, |s, &b| s.checked_add(b));
+    let count_by_dtype = r
+        .param_count_by_dtype
+        .values()
+        .try_fold(0u64, |s, &b| s.checked_add(b));
+    equal(
+        ("param_count_by_dtype's sum", count_by_dtype),
+        ("param_count", Some(r.param_count)),
+    )?;
+    if r.parallel.is_none() {
+        equal(
+            ("parameters_by_dtype's sum", by_dtype),
+            ("parameters_bytes", Some(r.parameters_bytes)),
+        )?;
     }
+    at_most(
+        ("trainable_param_count", r.trainable_param_count),
+        ("param_count", r.param_count),
+    )?;
+    at_most(
+        ("held_between_steps_bytes", r.held_between_steps_bytes),
+        ("peak_bytes", r.peak_bytes),
+    )?;
+    at_most(
+        ("held_after_forward_bytes", r.held_after_forward_bytes),
+        ("peak_bytes", r.peak_bytes),
+    )?;
     let json = r.to_json().map_err(|e| format!("to_json: {e}"))?;
     let value: serde_json::Value =
         serde_json::from_str(&json).map_err(|e| format!("the JSON report does not parse: {e}"))?;
+    validate(report_schema(), "the report's JSON", &value)?;
     for (key, bytes) in value["at_peak"].as_object().ok_or("no at_peak object")? {
         let max = value["category_max"][key].as_u64();
         if bytes.as_u64() > max {
@@ -392,6 +414,8 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
         }
     }
     non_negative(&value, "")?;
+    check_device(r, query)?;
+    check_training_loop(r)?;
     if let Some(b) = &r.budget {
         // The figure checked: the tensor peak (allocated), what nvidia-smi shows (device), or
         // the allocator's reserve between the two.
@@ -411,6 +435,14 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
                 r.total_bytes, r.device_bytes
             ));
         }
+        if query.search.is_none() {
+            equal(
+                ("the budget", Some(b.budget_bytes)),
+                ("the one asked for", query.budget),
+            )?;
+        }
+    } else if query.budget.is_some() {
+        return Err("a budget was given and the report has no verdict".into());
     }
     if let (Some(s), Some(budget)) = (&r.search, query.budget) {
         if s.budget_bytes != budget {
@@ -419,10 +451,11 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
                 s.budget_bytes
             ));
         }
-        if s.largest.is_some() && r.total_bytes > budget {
+        let checked = r.budget.as_ref().map_or(r.total_bytes, |b| b.checked_bytes);
+        if s.largest.is_some() && checked > budget {
             return Err(format!(
-                "the search's answer {:?} does not fit: {} > {budget}",
-                s.largest, r.total_bytes
+                "the search's answer {:?} does not fit: {checked} > {budget}",
+                s.largest
             ));
         }
     }
@@ -440,6 +473,9 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
                 r.peak_bytes
             ));
         }
+        let svg = memest::render::svg::timeline(r, memest::units::UnitSystem::Iec)
+            .ok_or("a timeline without its SVG")?;
+        roxmltree::Document::parse(&svg).map_err(|e| format!("the timeline SVG: {e}"))?;
     }
     if let Some(tensors) = &r.explain {
         let sum = tensors
@@ -452,13 +488,215 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
             ));
         }
     }
-    for units in [UnitSystem::Iec, UnitSystem::Si] {
+    for units in [
+        memest::units::UnitSystem::Iec,
+        memest::units::UnitSystem::Si,
+    ] {
         let _ = memest::render::summary(r, units);
         let _ = memest::render::per_layer(r, units);
         let _ = memest::render::explain(r, units);
         let _ = memest::render::markdown::summary(r, units);
     }
     let _ = memest::render::csv::rows(std::slice::from_ref(r));
+    Ok(())
+}
+
+/// The allocator and device figures: on CUDA, tensor peak ≤ allocated ≤ reserved and device =
+/// reserved + context + workspaces (under a multi-GPU plan, where the allocator is not
+/// modelled, reserved is the tensor peak); none of them on the CPU; `--gpu`'s card.
+fn check_device(r: &Report, query: &Query) -> Result<(), String> {
+    match r.settings.device {
+        Device::Cpu => {
+            let any = [
+                r.allocated_peak_bytes,
+                r.reserved_peak_bytes,
+                r.device_bytes,
+                r.cuda_context_bytes,
+                r.workspace_bytes,
+            ];
+            if any.iter().any(Option::is_some) || r.gpu.is_some() {
+                return Err(format!("a CPU report with GPU figures: {any:?}"));
+            }
+        }
+        Device::Cuda => {
+            let (Some(device), Some(context), Some(workspace)) =
+                (r.device_bytes, r.cuda_context_bytes, r.workspace_bytes)
+            else {
+                return Err("a CUDA report without its device figures".into());
+            };
+            let reserved = match (r.allocated_peak_bytes, r.reserved_peak_bytes) {
+                (Some(allocated), Some(reserved)) => {
+                    if r.parallel.is_some() {
+                        return Err("an allocator figure under a multi-GPU plan".into());
+                    }
+                    // Every tensor is a block of at least its size, so the allocator's peak
+                    // is at least the tensor peak, less what lives on the host: a torch.optim
+                    // optimizer's float32 `step` counters (4 B per parameter tensor, counted in
+                    // the optimizer state; `torch.tensor(0.0)` unless fused or capturable).
+                    // A layer copy has at most 16 parameter tensors (attention's q, k, v, o
+                    // weights and biases, its norms).
+                    let copies: u64 = r.layers.iter().map(|l| l.repeat).sum();
+                    let host = match r.at_peak.optimizer_state_bytes {
+                        0 => 0,
+                        _ => copies.saturating_mul(16 * 4),
+                    };
+                    at_most(
+                        (
+                            "peak_bytes less host step counters",
+                            r.peak_bytes.saturating_sub(host),
+                        ),
+                        ("allocated_peak_bytes", allocated),
+                    )?;
+                    at_most(
+                        ("allocated_peak_bytes", allocated),
+                        ("reserved_peak_bytes", reserved),
+                    )?;
+                    // Segments and pages are whole 2 MiB units (kSmallBuffer, kRoundLarge).
+                    if reserved % (2 << 20) != 0 {
+                        return Err(format!(
+                            "reserved_peak_bytes {reserved} is not in 2 MiB units"
+                        ));
+                    }
+                    reserved
+                }
+                (None, None) if r.parallel.is_some() => r.peak_bytes,
+                other => return Err(format!("allocated and reserved peaks {other:?}")),
+            };
+            let sum = reserved
+                .checked_add(context)
+                .and_then(|b| b.checked_add(workspace));
+            equal(
+                ("device_bytes", Some(device)),
+                ("reserved + context + workspaces", sum),
+            )?;
+            if let Some(c) = query.overrides.cuda_context {
+                equal(("cuda_context_bytes", context), ("--cuda-context", c))?;
+            }
+            if let Some(g) = &r.gpu {
+                let usable = g
+                    .total_bytes
+                    .saturating_sub(context)
+                    .saturating_sub(workspace);
+                equal(
+                    ("the GPU's usable bytes", g.usable_bytes),
+                    ("total - context - workspaces", usable),
+                )?;
+            }
+        }
+    }
+    equal(
+        (
+            "the GPU in the report",
+            r.gpu.as_ref().map(|g| g.name.as_str()),
+        ),
+        ("--gpu", query.overrides.gpu.map(|g| g.id.as_str())),
+    )?;
+    Ok(())
+}
+
+/// The training loop's own figures (multi-GPU plan, `--grad-accum`, `--paged`, `--ema`,
+/// `--mode generate`) are present exactly when asked for and agree with the rest.
+fn check_training_loop(r: &Report) -> Result<(), String> {
+    let s = &r.settings;
+    if let Some(p) = &r.parallel {
+        let plan = s
+            .parallel
+            .as_ref()
+            .ok_or("a parallel report without a plan")?;
+        equal(("world_size", p.world_size), ("--gpus", plan.gpus))?;
+        let ranks = p
+            .data_parallel
+            .checked_mul(plan.tp)
+            .and_then(|n| n.checked_mul(plan.pp))
+            .and_then(|n| n.checked_mul(plan.cp));
+        equal(("dp · tp · pp · cp", ranks), ("--gpus", Some(plan.gpus)))?;
+        let (u, g) = (&p.unsharded, &p.per_gpu);
+        for (name, per_gpu, whole) in [
+            ("parameters", g.parameters_bytes, u.parameters_bytes),
+            ("gradients", g.gradients_bytes, u.gradients_bytes),
+            (
+                "optimizer state",
+                g.optimizer_state_bytes,
+                u.optimizer_state_bytes,
+            ),
+        ] {
+            at_most(
+                (&format!("per-GPU {name}"), per_gpu),
+                (&format!("unsharded {name}"), whole),
+            )?;
+        }
+        equal(
+            ("per-GPU parameters", g.parameters_bytes),
+            ("parameters_bytes", r.parameters_bytes),
+        )?;
+        equal(
+            ("per-GPU gradients", g.gradients_bytes),
+            ("gradients_bytes", r.gradients_bytes),
+        )?;
+        equal(
+            ("per-GPU optimizer state", g.optimizer_state_bytes),
+            ("optimizer_state_bytes", r.optimizer_state_bytes),
+        )?;
+        equal(
+            ("per-GPU master weights", g.master_weights_bytes),
+            ("master_weights_bytes", r.master_weights_bytes),
+        )?;
+        equal(
+            ("comm_buffers_bytes", p.comm_buffers_bytes),
+            (
+                "category_max.comm_buffers_bytes",
+                r.category_max.comm_buffers_bytes,
+            ),
+        )?;
+    } else if s.parallel.is_some() || r.at_peak.comm_buffers_bytes != 0 {
+        return Err("a multi-GPU plan (or its buffers) without its parallel report".into());
+    }
+    match (s.grad_accum > 1 && s.training(), r.accumulating_peak_bytes) {
+        (true, Some(a)) => at_most(("accumulating_peak_bytes", a), ("peak_bytes", r.peak_bytes))?,
+        (false, None) => {}
+        (asked, got) => {
+            return Err(format!(
+                "--grad-accum {} (training: {}) gives accumulating_peak_bytes {got:?} ({asked})",
+                s.grad_accum,
+                s.training()
+            ));
+        }
+    }
+    equal(
+        (
+            "paged_optimizer_state_bytes present",
+            r.paged_optimizer_state_bytes.is_some(),
+        ),
+        ("--paged", s.paged),
+    )?;
+    equal(
+        ("ema_bytes present", r.ema_bytes.is_some()),
+        ("--ema", s.ema.is_some()),
+    )?;
+    if let Some(g) = &r.generation {
+        let peak = g.prefill_peak_bytes.max(g.decode_peak_bytes);
+        equal(
+            ("the generation's larger peak", peak),
+            ("peak_bytes", r.peak_bytes),
+        )?;
+        equal(("prompt_tokens", Some(g.prompt_tokens)), ("seq", s.seq))?;
+        equal(
+            ("new_tokens", Some(g.new_tokens)),
+            ("--new-tokens", s.new_tokens.or(Some(g.new_tokens))),
+        )?;
+        let most = g
+            .prompt_tokens
+            .saturating_add(g.new_tokens)
+            .saturating_sub(1);
+        at_most(
+            ("cached_tokens", g.cached_tokens),
+            ("prompt + new - 1", most),
+        )?;
+        equal(
+            ("no decode step", g.decode_peak_bytes == 0),
+            ("new_tokens = 1", g.new_tokens == 1),
+        )?;
+    }
     Ok(())
 }
 

@@ -319,9 +319,13 @@ fn mutate_model(c: &mut Choices, v: &mut Value) {
                 "mode",
                 "attention",
                 "optimizer_impl",
+                "new_tokens",
+                "device",
+                "grad_accum",
             ]);
             let value = match key {
-                "batch" | "seq" => size(c),
+                "batch" | "seq" | "new_tokens" | "grad_accum" => size(c),
+                "device" => json!(vocab_name::<Device>(c)),
                 "dtype" => json!(*c.pick(&DTYPES)),
                 "optimizer" => json!(vocab_name::<Optimizer>(c)),
                 "mode" => json!(vocab_name::<Mode>(c)),
@@ -508,56 +512,91 @@ fn vocab_name<T: Vocab>(c: &mut Choices) -> String {
     }
 }
 
-/// A random set of flags, each present with some chance.
+/// A name of a clap `ValueEnum` (`--qlora-stack`, `--fsdp`, `--ema`, `--head`, `--format`),
+/// sometimes misspelled or in another case.
+fn value_enum_name<T: clap::ValueEnum>(c: &mut Choices) -> String {
+    let names: Vec<String> = T::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+        .collect();
+    let name = c.pick(&names).clone();
+    match c.below(40) {
+        1 => name.to_ascii_uppercase(),
+        2 => format!("{name}x"),
+        _ => name,
+    }
+}
+
+/// A `--gpu` name: a catalog id or alias, sometimes in another spelling or unknown.
+fn gpu_name(c: &mut Choices) -> String {
+    let all = memest::gpu::catalog().unwrap_or_default();
+    let mut names: Vec<&str> = all.iter().map(|g| g.id.as_str()).collect();
+    names.extend(
+        all.iter()
+            .flat_map(|g| g.aliases.iter().map(String::as_str)),
+    );
+    if names.is_empty() || c.chance(5) {
+        return (*c.pick(&["h100x", "gpu", "", "RTX"])).to_string();
+    }
+    let name = (*c.pick(&names)).to_string();
+    match c.below(20) {
+        1 => name.to_ascii_uppercase(),
+        2 => name.replace('-', "_"),
+        _ => name,
+    }
+}
+
+fn number(c: &mut Choices, xs: &[u64]) -> String {
+    c.pick(xs).to_string()
+}
+
+/// A random set of flags, each present with some chance: every flag `memest --help` lists,
+/// with values in and out of range.
 fn flags(c: &mut Choices) -> Vec<String> {
+    use memest::cli::OutputFormat;
+    use memest::hf::Head;
+    use memest::parallel::FsdpStrategy;
+    use memest::settings::{EmaPrecision, QloraStack};
+    use memest::vocab::BudgetOn;
+
     let mut out: Vec<String> = Vec::new();
     let mut add = |f: &str, v: Option<String>| {
         out.push(f.to_string());
         out.extend(v);
     };
     if c.chance(50) {
-        let b = *c.pick(&[
-            1u64,
-            2,
-            3,
-            4,
-            8,
-            16,
-            64,
-            1 << 20,
-            5,
-            7,
-            12,
-            1,
-            2,
-            3,
-            4,
-            1,
-            2,
-            0,
-            u64::MAX,
-        ]);
-        add("--batch", Some(b.to_string()));
+        let b = number(
+            c,
+            &[
+                1,
+                2,
+                3,
+                4,
+                8,
+                16,
+                64,
+                1 << 20,
+                5,
+                7,
+                12,
+                1,
+                2,
+                3,
+                4,
+                1,
+                2,
+                0,
+                u64::MAX,
+            ],
+        );
+        add(if c.chance(10) { "-b" } else { "--batch" }, Some(b));
     }
     if c.chance(30) {
-        let s = *c.pick(&[
-            1u64,
-            7,
-            16,
-            128,
-            4096,
-            1 << 20,
-            3,
-            8,
-            32,
-            64,
-            0,
-            u64::MAX / 2,
-        ]);
-        add(
-            if c.chance(20) { "--context" } else { "--seq" },
-            Some(s.to_string()),
+        let s = number(
+            c,
+            &[1, 7, 16, 128, 4096, 1 << 20, 3, 8, 32, 64, 0, u64::MAX / 2],
         );
+        add(if c.chance(20) { "--context" } else { "--seq" }, Some(s));
     }
     if c.chance(40) {
         let d = match c.chance(30) {
@@ -575,6 +614,15 @@ fn flags(c: &mut Choices) -> Vec<String> {
     if c.chance(25) {
         add("--mode", Some(vocab_name::<Mode>(c)));
     }
+    if c.chance(12) {
+        // Text generation: a prompt, tokens to generate, or both.
+        if c.chance(70) {
+            add("--prompt", Some(number(c, &[16, 1, 128, 7, 0, 4096])));
+        }
+        if c.chance(70) {
+            add("--new-tokens", Some(number(c, &[8, 1, 2, 64, 0, 1000])));
+        }
+    }
     if c.chance(20) {
         add("--attention", Some(vocab_name::<AttentionImpl>(c)));
     }
@@ -584,61 +632,146 @@ fn flags(c: &mut Choices) -> Vec<String> {
     if c.chance(20) {
         add("--recipe", Some(vocab_name::<RecipeName>(c)));
     }
-    if c.chance(10) {
+    if c.chance(15) {
         add("--device", Some(vocab_name::<Device>(c)));
     }
     if c.chance(20) {
         add("--checkpoint", None);
     }
-    if c.chance(15) {
+    if c.chance(10) {
         add(
-            "--lora-rank",
-            Some(c.pick(&["8", "1", "64", "1000000"]).to_string()),
+            "--loss",
+            Some(
+                (*c.pick(&[
+                    "ce",
+                    "none",
+                    "chunked-ce",
+                    "chunked-ce:4",
+                    "chunked-ce:0",
+                    "CE",
+                    "chunked_ce:1",
+                    "mse",
+                ]))
+                .to_string(),
+            ),
         );
+    }
+    if c.chance(15) {
+        add("--lora-rank", Some(number(c, &[8, 1, 64, 1_000_000])));
         if c.chance(50) {
-            let t = *c.pick(&["q,v", "q_proj,v_proj", "gate,up,down", "fc1", "q,foo", "o"]);
+            let t = *c.pick(&[
+                "q,v",
+                "q_proj,v_proj",
+                "gate,up,down",
+                "fc1",
+                "q,foo",
+                "o",
+                "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+            ]);
             add("--lora-targets", Some(t.to_string()));
         }
+        if c.chance(25) {
+            add("--lora-dtype", Some((*c.pick(&DTYPES)).to_string()));
+        }
+        if c.chance(25) {
+            add(
+                "--lora-dropout",
+                Some((*c.pick(&["0.05", "0", "0.5", "1", "-0.1", "nan"])).to_string()),
+            );
+        }
+    }
+    if c.chance(8) {
+        add("--qlora-stack", Some(value_enum_name::<QloraStack>(c)));
     }
     if c.chance(10) {
         add("--kv-dtype", Some((*c.pick(&DTYPES)).to_string()));
     }
     if c.chance(8) {
-        add(
-            "--group-size",
-            Some(c.pick(&["64", "1", "128", "100000"]).to_string()),
-        );
+        add("--group-size", Some(number(c, &[64, 1, 128, 100_000])));
     }
     if c.chance(8) {
         add(
             "--double-quant",
-            Some(c.pick(&["false", "true"]).to_string()),
+            Some((*c.pick(&["false", "true"])).to_string()),
         );
     }
-    if c.chance(25) {
+    if c.chance(10) {
+        add("--grad-accum", Some(number(c, &[2, 4, 1, 8, 0, 1 << 40])));
+    }
+    if c.chance(6) {
+        add("--optim-in-backward", None);
+    }
+    if c.chance(6) {
+        add("--paged", None);
+    }
+    if c.chance(6) {
+        let precision = c.chance(50).then(|| value_enum_name::<EmaPrecision>(c));
+        add("--ema", precision);
+    }
+    if c.chance(5) {
+        add("--expandable-segments", None);
+    }
+    if c.chance(10) {
+        add("--gpu", Some(gpu_name(c)));
+    }
+    let budget = c.chance(25);
+    if budget {
         let b = *c.pick(&[
-            "24GiB", "1MB", "80G", "0", "1", "1.5GiB", "10KiB", "2TB", "-1",
+            "24GiB", "1MB", "80G", "0", "1", "1.5GiB", "10KiB", "2TB", "-1", "24gb",
         ]);
         add("--budget", Some(b.to_string()));
-        if c.chance(25) {
+    }
+    if (budget || c.chance(3)) && c.chance(25) {
+        add(
+            if c.chance(50) {
+                "--max-batch"
+            } else {
+                "--max-context"
+            },
+            None,
+        );
+    }
+    if c.chance(8) {
+        add("--budget-on", Some(vocab_name::<BudgetOn>(c)));
+    }
+    if c.chance(5) {
+        add(
+            "--cuda-context",
+            Some((*c.pick(&["500MiB", "0", "1GiB", "1", "18446744073709551615", "x"])).to_string()),
+        );
+    }
+    if c.chance(12) {
+        // Several GPUs: a count, an engine and its options.
+        if c.chance(85) {
+            add("--gpus", Some(number(c, &[2, 4, 8, 1, 3, 16, 0])));
+        }
+        match c.below(4) {
+            0 => add("--ddp", None),
+            1 => add("--zero", Some(number(c, &[1, 2, 3, 0, 4]))),
+            2 => add("--fsdp", Some(value_enum_name::<FsdpStrategy>(c))),
+            _ => {}
+        }
+        if c.chance(20) {
             add(
-                if c.chance(50) {
-                    "--max-batch"
-                } else {
-                    "--max-context"
-                },
-                None,
+                "--bucket-cap-mb",
+                Some((*c.pick(&["25", "1", "0.5", "0", "-1", "1e300"])).to_string()),
+            );
+        }
+        if c.chance(15) {
+            add("--gradient-as-bucket-view", None);
+        }
+        if c.chance(15) {
+            add("--gpus-per-node", Some(number(c, &[8, 2, 1, 4])));
+        }
+        if c.chance(15) {
+            add(
+                "--reduce-bucket-size",
+                Some(number(c, &[500_000_000, 1, 1000, 50_000_000])),
             );
         }
     }
     if c.chance(4) {
-        add(
-            "--head",
-            Some(
-                c.pick(&["none", "lm", "classification", "auto"])
-                    .to_string(),
-            ),
-        );
+        add("--head", Some(value_enum_name::<Head>(c)));
     }
     if c.chance(5) {
         add("--print-model", None);
@@ -650,7 +783,8 @@ fn flags(c: &mut Choices) -> Vec<String> {
         add("--explain", None);
     }
     if c.chance(8) {
-        add("--timeline", None);
+        // Written where the binary would write it; the fuzzer checks the chart in memory.
+        add("--timeline", Some("/dev/null".to_string()));
     }
     if c.chance(6) {
         let s = *c.pick(&[
@@ -663,6 +797,19 @@ fn flags(c: &mut Choices) -> Vec<String> {
             "batch=1..1000000000",
         ]);
         add("--sweep", Some(s.to_string()));
+    }
+    if c.chance(15) {
+        add("--format", Some(value_enum_name::<OutputFormat>(c)));
+    }
+    if c.chance(5) {
+        add("--si", None);
+    }
+    if c.chance(5) {
+        add("--per-layer", None);
+    }
+    if c.chance(1) {
+        let flag: &&str = c.pick(&["--help", "--version", "-h", "--nonsense"]);
+        add(flag, None);
     }
     out
 }

@@ -1,5 +1,6 @@
 //! The fuzz driver (`cargo test --test fuzz`): generated model files and flag sets run
-//! in-process through the library, each checked against the invariants of [`case::check`].
+//! in-process as the binary runs them (its clap definition, `memest::command::execute`), each
+//! checked against the invariants of [`case::check`].
 //!
 //! - `generated_cases_hold_the_invariants`: proptest over decision bytes turned into cases by
 //!   [`generate::case`] (seed models from `examples/`, `tests/fixtures/` and the corpus, mutated, or
@@ -7,7 +8,7 @@
 //!   flags). 64 cases by default; `MEMEST_FUZZ_CASES=<n>` runs more (`.ci/run` runs 2,000), and
 //!   a failure is shrunk to a small case.
 //! - `fuzz_loop` (ignored): a long run that keeps going after a finding and writes each
-//!   failing case to `target/fuzz-findings/`: `MEMEST_FUZZ_CASES=1000000 cargo test --release
+//!   failing case to `target/fuzz-findings/` (and each case slower than 5 s as `slow-…`): `MEMEST_FUZZ_CASES=1000000 cargo test --release
 //!   --test fuzz fuzz_loop -- --ignored --nocapture` (`MEMEST_FUZZ_SEED=<n>` picks the stream).
 //! - `corpus_holds_the_invariants`: every case in `tests/fuzz/corpus/` (a flags line
 //!   `#!memest …`, then a model): minimized inputs kept from past runs.
@@ -101,6 +102,9 @@ fn corpus_holds_the_invariants() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// A case that takes longer than this in the long run is kept as `slow-s<seed>-<n>.case`.
+const SLOW: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A small deterministic generator (splitmix64) for the long run's decision bytes.
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -138,10 +142,28 @@ fn fuzz_loop() {
             *counts.entry("GeneratorPanic".into()).or_default() += 1;
             continue;
         };
+        let began = std::time::Instant::now();
         let outcome = run(&case);
+        let took = began.elapsed();
+        if took > SLOW {
+            // Not a broken invariant, but worth a look (issue 12: "never slow").
+            *counts.entry("Slow".into()).or_default() += 1;
+            eprintln!("slow case {i}: {took:.1?}");
+            let _ = std::fs::write(findings.join(format!("slow-s{seed}-{i}.case")), &case);
+        }
+        // Findings count by their broken invariant (the first line without its numbers), so
+        // that one bug met many times reads as one.
         let key = match &outcome {
             Ok(o) => format!("{o:?}"),
-            Err(_) => "Finding".to_string(),
+            Err(e) => {
+                let first = e.lines().next().unwrap_or("");
+                let kind: String = first
+                    .chars()
+                    .filter(|c| !c.is_ascii_digit())
+                    .take(60)
+                    .collect();
+                format!("Finding: {kind}")
+            }
         };
         *counts.entry(key).or_default() += 1;
         if let Err(e) = outcome {

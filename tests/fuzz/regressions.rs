@@ -79,7 +79,7 @@ fn a_step_total_past_64_bits_is_a_size_overflow_not_an_internal_error() {
     let case = corpus("llama2_overflow_at_huge_batch.json");
     assert_eq!(check(&case), Ok(Outcome::Refused));
     let (words, model) = crate::case::split(&case);
-    let flags = crate::case::parse_flags(&words).expect("valid flags");
+    let flags = crate::case::request(&words).expect("valid flags");
     let spec = memest::load_spec(model, memest::spec::Format::Json, memest::hf::Head::Auto)
         .expect("the config imports");
     let err = memest::run(&spec, "m", &flags.query).unwrap_err();
@@ -114,7 +114,7 @@ fn widths_that_multiply_a_config_field_are_checked() {
         let case = corpus(file);
         assert_eq!(check(&case), Ok(Outcome::Refused), "{file}");
         let (words, model) = crate::case::split(&case);
-        let flags = crate::case::parse_flags(&words).expect("valid flags");
+        let flags = crate::case::request(&words).expect("valid flags");
         let err = memest::load_spec(model, memest::spec::Format::Json, flags.head)
             .and_then(|spec| memest::run(&spec, "m", &flags.query))
             .unwrap_err();
@@ -154,10 +154,10 @@ fn a_sequence_sweep_without_a_seq_dimension_warns() {
     let case = corpus("sweep_seq_without_seq_dim.toml");
     assert_eq!(check(&case), Ok(Outcome::Fits));
     let (words, model) = crate::case::split(&case);
-    let flags = crate::case::parse_flags(&words).expect("valid flags");
+    let flags = crate::case::request(&words).expect("valid flags");
     let spec = memest::load_spec(model, memest::spec::Format::Toml, memest::hf::Head::Auto)
         .expect("a model");
-    let sweep = flags.sweep.expect("a sweep");
+    let sweep = flags.sweep.clone().expect("a sweep");
     let swept = memest::run_sweep(&spec, "m", &flags.query, &sweep).expect("a sweep report");
     assert_eq!(swept.sweep.len(), 4);
     for r in &swept.sweep {
@@ -167,4 +167,52 @@ fn a_sequence_sweep_without_a_seq_dimension_warns() {
                 .contains(&memest::report::Warning::SeqWithoutSeqDim)
         );
     }
+}
+
+/// The report of a case that estimates, as `--format json` prints it.
+fn report_json(case: &str) -> serde_json::Value {
+    let (words, model) = crate::case::split(case);
+    let req = crate::case::request(&words).expect("valid flags");
+    let spec =
+        memest::load_spec(model, memest::spec::Format::sniff(model), req.head).expect("a model");
+    let report = memest::run(&spec, "m", &req.query).expect("an estimate");
+    serde_json::from_str(&report.to_json().expect("JSON")).expect("JSON")
+}
+
+/// Finding (seed 5, case 182: a Granite config at `--batch 1048576 --expandable-segments`):
+/// one request larger than an expandable segment's 64 TiB of address space made the allocator
+/// model fail with an internal error ("an expandable segment ran out of space"). Such a
+/// request now gets a segment that holds it, so the figures (and the budget verdict) come out.
+#[test]
+fn an_expandable_segment_holds_a_request_past_its_space() {
+    let case = corpus("expandable_segments_huge_request.json");
+    assert_eq!(check(&case), Ok(Outcome::Over));
+    let r = report_json(&case);
+    let (allocated, reserved) = (
+        r["allocated_peak_bytes"].as_u64().unwrap(),
+        r["reserved_peak_bytes"].as_u64().unwrap(),
+    );
+    assert!(allocated > 1 << 46, "{allocated}");
+    assert!(reserved >= allocated, "{reserved} < {allocated}");
+}
+
+/// Finding (seed 5, case 278: GPT-BigCode with `--new-tokens 1000`): when a generation's last
+/// decode step peaks, the allocator replay never held the past KV caches that step starts
+/// with (the tensor replay did), so `allocated_peak_bytes`, `reserved_peak_bytes` and
+/// `device_bytes` (what `--budget` checks by default) read low: here 1,145,052,488 B below
+/// the tensor peak; Llama-2-7B `--prompt 1024 --new-tokens 4096 --batch 8` read allocated
+/// 34,953,206,272 B under a 35,284,620,096 B tensor peak. The replay now allocates a decode
+/// step's past caches and carried tensors before its forward pass (Llama-2-7B: allocated
+/// 35,289,012,736 B, device 35,772,170,240 B, +0.94 %).
+#[test]
+fn a_decode_step_holds_its_past_caches_in_the_allocator() {
+    let case = corpus("generate_decode_past_cache.json");
+    assert_eq!(check(&case), Ok(Outcome::Fits));
+    let r = report_json(&case);
+    let (peak, allocated) = (
+        r["peak_bytes"].as_u64().unwrap(),
+        r["allocated_peak_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(r["generation"]["peak_phase"], "decode");
+    assert!(allocated >= peak, "{allocated} < {peak}");
 }
