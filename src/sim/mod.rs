@@ -677,7 +677,10 @@ fn simulate_inner(
             training.then_some(param_grad),
             config,
             (settings.grad_accum, in_backward, keep_grads),
-            ema_tensors(tape, settings.ema.filter(|_| training)),
+            (
+                ema_tensors(tape, settings.ema.filter(|_| training)),
+                &ema_update_tensors(tape, settings.ema.filter(|_| training)).collect::<Vec<_>>(),
+            ),
         )?)
     } else {
         None
@@ -935,7 +938,8 @@ fn simulate_pipeline(
 /// [`simulate`] passes them; the last argument the micro-batches per step and the in-backward
 /// optimizer's per-parameter temporaries and whether `zero_grad` keeps the gradients (the
 /// measured step then adds into the warm-up step's), as [`simulate`] runs them; `ema` the
-/// tensors of an EMA copy, made after the model is loaded.
+/// tensors of an EMA copy, made after the model is loaded, and each parameter's update
+/// temporary (two at once, after the optimizer step: [`ema_update_bytes`]).
 fn allocator_peaks(
     tape: &Tape,
     facts: &Liveness,
@@ -943,7 +947,7 @@ fn allocator_peaks(
     training: Option<Option<(DType, DType)>>,
     config: crate::alloc::Config,
     (grad_accum, in_backward, keep_grads): (u64, Option<&dyn Fn(ValueId) -> u64>, bool),
-    ema: impl Iterator<Item = u64>,
+    (ema, ema_update): (impl Iterator<Item = u64>, &[u64]),
 ) -> Result<AllocatorPeaks, Error> {
     let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
     r.load();
@@ -973,6 +977,7 @@ fn allocator_peaks(
             if in_backward.is_none() || first {
                 r.optimizer_step_heap(plan, &bwd, first);
             }
+            r.ema_update_heap(ema_update);
             if keep_grads {
                 kept = Some(bwd.has_grad);
             }
@@ -1034,18 +1039,18 @@ fn ema_tensors(tape: &Tape, dtype: Option<DType>) -> impl Iterator<Item = u64> +
 /// temporaries of the largest parameter in the EMA's dtype at once. (timm's `ModelEmaV3` runs
 /// `torch._foreach_lerp_` in place, without temporaries, when the dtypes agree.)
 fn ema_update_bytes(tape: &Tape, dtype: Option<DType>) -> u64 {
-    let Some(dtype) = dtype else { return 0 };
-    tape.params
-        .iter()
-        .filter(|p| tape.values[p.value].dtype.is_float())
-        .map(|p| {
-            dtype
-                .bytes_for(p.numel)
-                .unwrap_or(u64::MAX)
-                .saturating_mul(2)
-        })
+    ema_update_tensors(tape, dtype)
+        .map(|b| b.saturating_mul(2))
         .max()
         .unwrap_or(0)
+}
+
+/// One temporary of each parameter's EMA update ([`ema_update_bytes`]), in update order.
+fn ema_update_tensors(tape: &Tape, dtype: Option<DType>) -> impl Iterator<Item = u64> + '_ {
+    tape.params
+        .iter()
+        .filter(move |p| dtype.is_some() && tape.values[p.value].dtype.is_float())
+        .map(move |p| dtype.and_then(|d| d.bytes_for(p.numel)).unwrap_or(u64::MAX))
 }
 
 /// What stays live at the quiet moments of a step.

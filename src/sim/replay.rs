@@ -943,6 +943,17 @@ impl Replay<'_> {
         }
     }
 
+    /// The EMA update after the optimizer step, parameter by parameter: two temporaries of
+    /// each (`s_param - param`, then its product with `1 - decay`), freed before the next
+    /// ([`Replay::ema_update`] counts the largest pair).
+    pub(super) fn ema_update_heap(&mut self, temporaries: &[u64]) {
+        for &bytes in temporaries {
+            self.heap_alloc(Key::StepTemporaries, bytes);
+            self.heap_alloc(Key::StepTemporaries, bytes);
+            self.heap_free(Key::StepTemporaries);
+        }
+    }
+
     /// What the optimizer makes before its first step: the float32 master copies of a
     /// `mixed-*` recipe, and state that its constructor fills (Adagrad's `sum`).
     pub(super) fn optimizer_init(&mut self, plan: &OptimizerPlan<ValueId>) {
