@@ -527,31 +527,75 @@ fn value_enum_name<T: clap::ValueEnum>(c: &mut Choices) -> String {
     }
 }
 
-/// A `--gpu` name: a catalog id or alias, sometimes in another spelling or unknown.
-fn gpu_name(c: &mut Choices) -> String {
+/// A `--gpu` name: a catalog id or alias, sometimes (in a wild set) in another spelling or
+/// unknown.
+fn gpu_name(c: &mut Choices, wild: bool) -> String {
     let all = memest::gpu::catalog().unwrap_or_default();
     let mut names: Vec<&str> = all.iter().map(|g| g.id.as_str()).collect();
     names.extend(
         all.iter()
             .flat_map(|g| g.aliases.iter().map(String::as_str)),
     );
-    if names.is_empty() || c.chance(5) {
+    if names.is_empty() || (wild && c.chance(20)) {
         return (*c.pick(&["h100x", "gpu", "", "RTX"])).to_string();
     }
     let name = (*c.pick(&names)).to_string();
-    match c.below(20) {
+    match if wild { c.below(20) } else { 0 } {
         1 => name.to_ascii_uppercase(),
         2 => name.replace('-', "_"),
         _ => name,
     }
 }
 
-fn number(c: &mut Choices, xs: &[u64]) -> String {
-    c.pick(xs).to_string()
+/// How far the flags stray: a wild set has values out of range, misspelled names and flags
+/// that conflict; a tame one (most cases) mostly reaches an estimate.
+#[derive(Clone, Copy)]
+struct Wild(bool);
+
+impl Wild {
+    /// From `good`, or, in a wild set now and then, from `bad`.
+    fn pick<T: Copy>(self, c: &mut Choices, good: &[T], bad: &[T]) -> T {
+        if self.0 && c.chance(25) {
+            *c.pick(bad)
+        } else {
+            *c.pick(good)
+        }
+    }
+
+    fn number(self, c: &mut Choices, good: &[u64], bad: &[u64]) -> String {
+        self.pick(c, good, bad).to_string()
+    }
+
+    fn text(self, c: &mut Choices, good: &[&str], bad: &[&str]) -> String {
+        self.pick(c, good, bad).to_string()
+    }
+
+    /// A name of a closed set: misspelled only in a wild set.
+    fn vocab<T: Vocab>(self, c: &mut Choices) -> String {
+        if self.0 {
+            return vocab_name::<T>(c);
+        }
+        let names = T::names();
+        let names: Vec<&str> = names.split(", ").collect();
+        (*c.pick(&names)).to_string()
+    }
+
+    fn value_enum<T: clap::ValueEnum>(self, c: &mut Choices) -> String {
+        if self.0 {
+            return value_enum_name::<T>(c);
+        }
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+            .collect();
+        c.pick(&names).clone()
+    }
 }
 
 /// A random set of flags, each present with some chance: every flag `memest --help` lists,
-/// with values in and out of range.
+/// with values in and out of range (out of range, misspelled or conflicting mostly in a
+/// "wild" set, a quarter of the cases).
+#[allow(clippy::too_many_lines)] // one flag after another, in `--help`'s order
 fn flags(c: &mut Choices) -> Vec<String> {
     use memest::cli::OutputFormat;
     use memest::hf::Head;
@@ -559,144 +603,154 @@ fn flags(c: &mut Choices) -> Vec<String> {
     use memest::settings::{EmaPrecision, QloraStack};
     use memest::vocab::BudgetOn;
 
+    let w = Wild(c.chance(25));
     let mut out: Vec<String> = Vec::new();
     let mut add = |f: &str, v: Option<String>| {
         out.push(f.to_string());
         out.extend(v);
     };
-    if c.chance(50) {
-        let b = number(
+    let sweep = c.chance(6).then(|| {
+        w.text(
             c,
-            &[
-                1,
-                2,
-                3,
-                4,
-                8,
-                16,
-                64,
-                1 << 20,
-                5,
-                7,
-                12,
-                1,
-                2,
-                3,
-                4,
-                1,
-                2,
-                0,
-                u64::MAX,
-            ],
+            &["batch=1,2,4", "seq=8..64", "batch=1..16:3", "seq=16,32"],
+            &["seq=1,0", "batch=", "depth=2", "batch=1..1000000000"],
+        )
+    });
+    let sweeps_batch = sweep.as_deref().is_some_and(|s| s.starts_with("batch"));
+    let sweeps_seq = sweep.as_deref().is_some_and(|s| s.starts_with("seq"));
+    if c.chance(50) && (w.0 || !sweeps_batch) {
+        let b = w.number(
+            c,
+            &[1, 2, 3, 4, 8, 16, 64, 5, 7, 12, 1, 2, 3, 4, 1, 2, 1 << 20],
+            &[0, u64::MAX],
         );
         add(if c.chance(10) { "-b" } else { "--batch" }, Some(b));
     }
-    if c.chance(30) {
-        let s = number(
+    let mode = c.chance(25).then(|| w.vocab::<Mode>(c));
+    let generate = mode.as_deref() == Some("generate") || (mode.is_none() && c.chance(8));
+    let infer = mode
+        .as_deref()
+        .is_some_and(|m| m.starts_with("inf") || m == "eval");
+    let mut context = false;
+    if c.chance(30) && (w.0 || !sweeps_seq) {
+        let s = w.number(
             c,
-            &[1, 7, 16, 128, 4096, 1 << 20, 3, 8, 32, 64, 0, u64::MAX / 2],
+            &[1, 7, 16, 128, 4096, 3, 8, 32, 64, 1 << 20],
+            &[0, u64::MAX / 2],
         );
-        add(if c.chance(20) { "--context" } else { "--seq" }, Some(s));
+        if generate && c.chance(70) {
+            add("--prompt", Some(s));
+        } else if (w.0 || mode.is_none()) && c.chance(20) {
+            context = true;
+            add("--context", Some(s));
+        } else {
+            add("--seq", Some(s));
+        }
+    }
+    if let Some(m) = mode
+        && (w.0 || !context)
+    {
+        add("--mode", Some(m));
+    }
+    if generate && (!w.0 || c.chance(70)) {
+        add(
+            "--new-tokens",
+            Some(w.number(c, &[8, 1, 2, 64, 1000], &[0])),
+        );
     }
     if c.chance(40) {
         let d = match c.chance(30) {
-            true => (*c.pick(&["nf4", "int8", "int4", "fp8", "NF4"])).to_string(),
+            true => w.text(c, &["nf4", "int8", "int4", "fp8"], &["NF4", "int3"]),
             false => (*c.pick(&DTYPES)).to_string(),
         };
         add("--dtype", Some(d));
     }
     if c.chance(40) {
-        add("--optim", Some(vocab_name::<Optimizer>(c)));
+        add("--optim", Some(w.vocab::<Optimizer>(c)));
     }
     if c.chance(15) {
-        add("--optim-impl", Some(vocab_name::<OptimizerImpl>(c)));
-    }
-    if c.chance(25) {
-        add("--mode", Some(vocab_name::<Mode>(c)));
-    }
-    if c.chance(12) {
-        // Text generation: a prompt, tokens to generate, or both.
-        if c.chance(70) {
-            add("--prompt", Some(number(c, &[16, 1, 128, 7, 0, 4096])));
-        }
-        if c.chance(70) {
-            add("--new-tokens", Some(number(c, &[8, 1, 2, 64, 0, 1000])));
-        }
+        add("--optim-impl", Some(w.vocab::<OptimizerImpl>(c)));
     }
     if c.chance(20) {
-        add("--attention", Some(vocab_name::<AttentionImpl>(c)));
+        add("--attention", Some(w.vocab::<AttentionImpl>(c)));
     }
     if c.chance(20) {
-        add("--amp", Some(vocab_name::<Amp>(c)));
+        add("--amp", Some(w.vocab::<Amp>(c)));
     }
     if c.chance(20) {
-        add("--recipe", Some(vocab_name::<RecipeName>(c)));
+        add("--recipe", Some(w.vocab::<RecipeName>(c)));
     }
     if c.chance(15) {
-        add("--device", Some(vocab_name::<Device>(c)));
+        add("--device", Some(w.vocab::<Device>(c)));
     }
     if c.chance(20) {
         add("--checkpoint", None);
     }
     if c.chance(10) {
-        add(
-            "--loss",
-            Some(
-                (*c.pick(&[
-                    "ce",
-                    "none",
-                    "chunked-ce",
-                    "chunked-ce:4",
-                    "chunked-ce:0",
-                    "CE",
-                    "chunked_ce:1",
-                    "mse",
-                ]))
-                .to_string(),
-            ),
+        let loss = w.text(
+            c,
+            &[
+                "ce",
+                "none",
+                "chunked-ce",
+                "chunked-ce:4",
+                "CE",
+                "chunked_ce:1",
+            ],
+            &["chunked-ce:0", "mse"],
         );
+        add("--loss", Some(loss));
     }
     if c.chance(15) {
-        add("--lora-rank", Some(number(c, &[8, 1, 64, 1_000_000])));
+        add(
+            "--lora-rank",
+            Some(w.number(c, &[8, 1, 64], &[1_000_000, 0])),
+        );
         if c.chance(50) {
-            let t = *c.pick(&[
-                "q,v",
-                "q_proj,v_proj",
-                "gate,up,down",
-                "fc1",
-                "q,foo",
-                "o",
-                "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-            ]);
-            add("--lora-targets", Some(t.to_string()));
+            let t = w.text(
+                c,
+                &[
+                    "q,v",
+                    "q_proj,v_proj",
+                    "gate,up,down",
+                    "o",
+                    "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                ],
+                &["fc1", "q,foo", ""],
+            );
+            add("--lora-targets", Some(t));
         }
         if c.chance(25) {
             add("--lora-dtype", Some((*c.pick(&DTYPES)).to_string()));
         }
         if c.chance(25) {
-            add(
-                "--lora-dropout",
-                Some((*c.pick(&["0.05", "0", "0.5", "1", "-0.1", "nan"])).to_string()),
-            );
+            let p = w.text(c, &["0.05", "0", "0.5"], &["1", "-0.1", "nan"]);
+            add("--lora-dropout", Some(p));
         }
     }
     if c.chance(8) {
-        add("--qlora-stack", Some(value_enum_name::<QloraStack>(c)));
+        add("--qlora-stack", Some(w.value_enum::<QloraStack>(c)));
     }
-    if c.chance(10) {
+    if c.chance(10) && (w.0 || infer || context) {
         add("--kv-dtype", Some((*c.pick(&DTYPES)).to_string()));
     }
     if c.chance(8) {
-        add("--group-size", Some(number(c, &[64, 1, 128, 100_000])));
+        add(
+            "--group-size",
+            Some(w.number(c, &[64, 1, 128], &[100_000, 0])),
+        );
     }
     if c.chance(8) {
         add(
             "--double-quant",
-            Some((*c.pick(&["false", "true"])).to_string()),
+            Some(w.text(c, &["false", "true"], &["yes"])),
         );
     }
     if c.chance(10) {
-        add("--grad-accum", Some(number(c, &[2, 4, 1, 8, 0, 1 << 40])));
+        add(
+            "--grad-accum",
+            Some(w.number(c, &[2, 4, 1, 8], &[0, 1 << 40])),
+        );
     }
     if c.chance(6) {
         add("--optim-in-backward", None);
@@ -705,23 +759,26 @@ fn flags(c: &mut Choices) -> Vec<String> {
         add("--paged", None);
     }
     if c.chance(6) {
-        let precision = c.chance(50).then(|| value_enum_name::<EmaPrecision>(c));
+        let precision = c.chance(50).then(|| w.value_enum::<EmaPrecision>(c));
         add("--ema", precision);
     }
     if c.chance(5) {
         add("--expandable-segments", None);
     }
-    if c.chance(10) {
-        add("--gpu", Some(gpu_name(c)));
+    let gpu = c.chance(10);
+    if gpu {
+        add("--gpu", Some(gpu_name(c, w.0)));
     }
     let budget = c.chance(25);
     if budget {
-        let b = *c.pick(&[
-            "24GiB", "1MB", "80G", "0", "1", "1.5GiB", "10KiB", "2TB", "-1", "24gb",
-        ]);
-        add("--budget", Some(b.to_string()));
+        let b = w.text(
+            c,
+            &["24GiB", "1MB", "80G", "1", "1.5GiB", "10KiB", "2TB", "24gb"],
+            &["0", "-1", "1.5.5G"],
+        );
+        add("--budget", Some(b));
     }
-    if (budget || c.chance(3)) && c.chance(25) {
+    if (budget || gpu || (w.0 && c.chance(3))) && sweep.is_none() && c.chance(25) {
         add(
             if c.chance(50) {
                 "--max-batch"
@@ -732,82 +789,77 @@ fn flags(c: &mut Choices) -> Vec<String> {
         );
     }
     if c.chance(8) {
-        add("--budget-on", Some(vocab_name::<BudgetOn>(c)));
+        add("--budget-on", Some(w.vocab::<BudgetOn>(c)));
     }
     if c.chance(5) {
-        add(
-            "--cuda-context",
-            Some((*c.pick(&["500MiB", "0", "1GiB", "1", "18446744073709551615", "x"])).to_string()),
+        let size = w.text(
+            c,
+            &["500MiB", "0", "1GiB", "1"],
+            &["18446744073709551615", "x"],
         );
+        add("--cuda-context", Some(size));
     }
     if c.chance(12) {
-        // Several GPUs: a count, an engine and its options.
-        if c.chance(85) {
-            add("--gpus", Some(number(c, &[2, 4, 8, 1, 3, 16, 0])));
+        // Several GPUs: a count, an engine and its options (a tame set keeps each option to
+        // its engine).
+        if w.0 && c.chance(15) {
+            // An engine without --gpus.
+        } else {
+            add("--gpus", Some(w.number(c, &[2, 4, 8, 1, 3, 16], &[0])));
         }
-        match c.below(4) {
+        let engine = c.below(4);
+        match engine {
             0 => add("--ddp", None),
-            1 => add("--zero", Some(number(c, &[1, 2, 3, 0, 4]))),
-            2 => add("--fsdp", Some(value_enum_name::<FsdpStrategy>(c))),
+            1 => add("--zero", Some(w.number(c, &[1, 2, 3, 0], &[4, 255]))),
+            2 => add("--fsdp", Some(w.value_enum::<FsdpStrategy>(c))),
             _ => {}
         }
-        if c.chance(20) {
-            add(
-                "--bucket-cap-mb",
-                Some((*c.pick(&["25", "1", "0.5", "0", "-1", "1e300"])).to_string()),
-            );
+        let ddp = engine == 0 || engine == 3;
+        if c.chance(20) && (w.0 || ddp) {
+            let cap = w.text(c, &["25", "1", "0.5"], &["0", "-1", "1e300", "nan"]);
+            add("--bucket-cap-mb", Some(cap));
         }
-        if c.chance(15) {
+        if c.chance(15) && (w.0 || ddp) {
             add("--gradient-as-bucket-view", None);
         }
-        if c.chance(15) {
-            add("--gpus-per-node", Some(number(c, &[8, 2, 1, 4])));
+        if c.chance(15) && (w.0 || engine == 2) {
+            add("--gpus-per-node", Some(w.number(c, &[8, 2, 1, 4], &[0])));
         }
-        if c.chance(15) {
-            add(
-                "--reduce-bucket-size",
-                Some(number(c, &[500_000_000, 1, 1000, 50_000_000])),
-            );
+        if c.chance(15) && (w.0 || engine == 1) {
+            let size = w.number(c, &[500_000_000, 1, 1000, 50_000_000], &[0]);
+            add("--reduce-bucket-size", Some(size));
         }
     }
-    if c.chance(4) {
-        add("--head", Some(value_enum_name::<Head>(c)));
+    if c.chance(if w.0 { 4 } else { 1 }) {
+        add("--head", Some(w.value_enum::<Head>(c)));
     }
-    if c.chance(5) {
+    if c.chance(if w.0 { 5 } else { 2 }) {
         add("--print-model", None);
     }
     if c.chance(6) {
         add("--allow-long-context", None);
     }
-    if c.chance(8) {
+    if c.chance(8) && (w.0 || sweep.is_none()) {
         add("--explain", None);
     }
-    if c.chance(8) {
+    if c.chance(8) && (w.0 || sweep.is_none()) {
         // Written where the binary would write it; the fuzzer checks the chart in memory.
         add("--timeline", Some("/dev/null".to_string()));
     }
-    if c.chance(6) {
-        let s = *c.pick(&[
-            "batch=1,2,4",
-            "seq=8..64",
-            "batch=1..16:3",
-            "seq=1,0",
-            "batch=",
-            "depth=2",
-            "batch=1..1000000000",
-        ]);
-        add("--sweep", Some(s.to_string()));
+    let sweeping = sweep.is_some();
+    if let Some(s) = sweep {
+        add("--sweep", Some(s));
     }
     if c.chance(15) {
-        add("--format", Some(value_enum_name::<OutputFormat>(c)));
+        add("--format", Some(w.value_enum::<OutputFormat>(c)));
     }
     if c.chance(5) {
         add("--si", None);
     }
-    if c.chance(5) {
+    if c.chance(5) && (w.0 || !sweeping) {
         add("--per-layer", None);
     }
-    if c.chance(1) {
+    if w.0 && c.chance(3) {
         let flag: &&str = c.pick(&["--help", "--version", "-h", "--nonsense"]);
         add(flag, None);
     }
