@@ -560,6 +560,15 @@ impl Settings {
                 ),
             ));
         }
+        // LoRA adapters train: autograd gives gradients to floating-point tensors only.
+        if let Some(d) = o.lora_dtype.filter(|d| !d.is_float()) {
+            return Err(Error::setting(
+                SettingKey::Lora,
+                format!(
+                    "--lora-dtype {d} is not a floating-point type; the adapters train, so they need one (e.g. float32, bfloat16)"
+                ),
+            ));
+        }
         Ok(Settings {
             batch,
             seq,
