@@ -193,7 +193,10 @@ pub(super) fn vision(
     let mut prev = if kind == Kind::Dinov2 && c.use_swiglu_ffn.unwrap_or(false) {
         // Dinov2SwiGLUFFN: `int(hidden · mlp_ratio)` rounded to 2/3 and up to a multiple of 8.
         let ratio = c.mlp_ratio.unwrap_or(4.0);
-        let f = ((hidden as f64 * ratio).floor() as u64 * 2 / 3).div_ceil(8) * 8;
+        // In 128 bits: a config's `hidden_size` may be anything up to 2^64 - 1, and a width
+        // past 64 bits is refused later as a size overflow, not a panic here.
+        let h = u128::from((hidden as f64 * ratio).floor() as u64);
+        let f = u64::try_from((h * 2 / 3).div_ceil(8) * 8).unwrap_or(u64::MAX);
         let x = "norm2";
         let gate = push(&mut body, linear("mlp.gate_proj", f, true));
         let act = push(
