@@ -18,7 +18,8 @@
 //!   the peak exceeds its step maximum, the parameter bytes and counts by dtype sum to their
 //!   totals, nothing in the JSON is negative, the budget verdict matches the figure it checks;
 //! - on CUDA, the tensor peak ≤ `allocated` ≤ `reserved` and `device` = reserved + context +
-//!   workspaces (no allocator or device figure on the CPU); with `--gpu`, the budget defaults
+//!   workspaces (+ NCCL's buffers under several GPUs; no allocator or device figure on the
+//!   CPU); with `--gpu`, the budget defaults
 //!   to its total and its usable bytes are the total less context and workspaces;
 //! - under a multi-GPU plan, the report's model states are the per-GPU ones, none above its
 //!   unsharded figure, and the world size is the plan's; with `--grad-accum`, `--paged`,
@@ -181,6 +182,12 @@ fn sweep_schema() -> &'static jsonschema::Validator {
     V.get_or_init(|| validator(include_str!("../../schema/sweep.schema.json")))
 }
 
+/// `schema/plans.schema.json` (`--plan auto`), compiled once.
+fn plans_schema() -> &'static jsonschema::Validator {
+    static V: OnceLock<jsonschema::Validator> = OnceLock::new();
+    V.get_or_init(|| validator(include_str!("../../schema/plans.schema.json")))
+}
+
 fn validate(v: &jsonschema::Validator, what: &str, json: &serde_json::Value) -> Result<(), String> {
     let errors: Vec<String> = v
         .iter_errors(json)
@@ -233,7 +240,8 @@ pub fn check(case: &str) -> Result<Outcome, String> {
         .iter()
         .any(|r| r.budget.as_ref().is_some_and(|b| !b.fits));
     let expected = ExitCode::from(u8::from(over));
-    if done.code != expected {
+    let plans_exit = req.plans.is_some() && done.code == ExitCode::from(1);
+    if done.code != expected && !plans_exit {
         return Err(format!(
             "exit {:?}, but {} report(s) over the budget",
             done.code,
@@ -248,10 +256,31 @@ pub fn check(case: &str) -> Result<Outcome, String> {
     if req.output.format == OutputFormat::Json {
         let json: serde_json::Value = serde_json::from_str(&stdout)
             .map_err(|e| format!("--format json printed no JSON: {e}\n{stdout}"))?;
-        match req.sweep {
-            Some(_) => validate(sweep_schema(), "--format json (a sweep)", &json)?,
-            None => validate(report_schema(), "--format json", &json)?,
+        if req.plans.is_some() {
+            validate(plans_schema(), "--format json (--plan)", &json)?;
+            // Exit 1 exactly when there is a budget and no plan fits it.
+            let none_fits = !json["budget_bytes"].is_null()
+                && !json["plans"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["fits"] == true));
+            if done.code != ExitCode::from(u8::from(none_fits)) {
+                return Err(format!(
+                    "--plan exits {:?} (none fits: {none_fits})",
+                    done.code
+                ));
+            }
+        } else if req.sweep.is_some() {
+            validate(sweep_schema(), "--format json (a sweep)", &json)?;
+        } else {
+            validate(report_schema(), "--format json", &json)?;
         }
+    }
+    if req.plans.is_some() {
+        return Ok(if done.code == ExitCode::from(1) {
+            Outcome::Over
+        } else {
+            Outcome::Fits
+        });
     }
     let query = &req.query;
     if let Some(sweep) = &req.sweep {
@@ -562,12 +591,15 @@ fn check_device(r: &Report, query: &Query) -> Result<(), String> {
                 (None, None) if r.parallel.is_some() => r.peak_bytes,
                 other => return Err(format!("allocated and reserved peaks {other:?}")),
             };
+            // Under a plan of several GPUs, NCCL's buffers too.
+            let nccl = r.parallel.as_ref().map_or(0, |p| p.nccl_bytes);
             let sum = reserved
                 .checked_add(context)
-                .and_then(|b| b.checked_add(workspace));
+                .and_then(|b| b.checked_add(workspace))
+                .and_then(|b| b.checked_add(nccl));
             equal(
                 ("device_bytes", Some(device)),
-                ("reserved + context + workspaces", sum),
+                ("reserved + context + workspaces + NCCL", sum),
             )?;
             if let Some(c) = query.overrides.cuda_context {
                 equal(("cuda_context_bytes", context), ("--cuda-context", c))?;
@@ -745,7 +777,32 @@ fn check_monotone_in_batch(spec: &ModelSpec, query: &Query, small: &Report) -> R
             ("kv_cache_bytes", r.kv_cache_bytes),
         ]
     };
-    for ((key, a), (_, b)) in figures(small).into_iter().zip(figures(&large)) {
+    // Under `--mode generate` the report is the peaking phase's (prefill or the last decode
+    // step), and which one peaks may change with the batch: then only the peak, and each
+    // phase's own peak, are compared.
+    let phase = |r: &Report| r.generation.as_ref().map(|g| g.peak_phase);
+    let compared = if phase(small) == phase(&large) { 5 } else { 1 };
+    let phases = |r: &Report| {
+        r.generation
+            .as_ref()
+            .map_or([0, 0], |g| [g.prefill_peak_bytes, g.decode_peak_bytes])
+    };
+    for (key, a, b) in [
+        ("prefill_peak_bytes", phases(small)[0], phases(&large)[0]),
+        ("decode_peak_bytes", phases(small)[1], phases(&large)[1]),
+    ] {
+        if b < a {
+            return Err(format!(
+                "{key} went down from {a} at batch {} to {b} at batch {batch}",
+                batch - 1
+            ));
+        }
+    }
+    for ((key, a), (_, b)) in figures(small)
+        .into_iter()
+        .zip(figures(&large))
+        .take(compared)
+    {
         if b < a {
             return Err(format!(
                 "{key} went down from {a} at batch {} to {b} at batch {batch}",
