@@ -764,6 +764,12 @@ fn flags(c: &mut Choices) -> Vec<String> {
     if c.chance(6) {
         add("--optim-in-backward", None);
     }
+    if c.chance(5) {
+        add("--keep-grads", None);
+    }
+    if c.chance(4) {
+        add("--target-seq", Some(w.number(c, &[8, 1, 64], &[0])));
+    }
     if c.chance(6) {
         add("--paged", None);
     }
@@ -843,6 +849,22 @@ fn flags(c: &mut Choices) -> Vec<String> {
                 "--offload",
                 Some(w.value_enum::<memest::parallel::OffloadFlag>(c)),
             );
+        }
+        if c.chance(20) {
+            // Tensor, sequence and context parallelism.
+            add("--tp", Some(w.number(c, &[2, 1, 4], &[0, 3])));
+            if c.chance(40) {
+                add("--sp", None);
+            }
+            if c.chance(30) {
+                add(
+                    "--tp-style",
+                    Some(w.value_enum::<memest::parallel::TpStyle>(c)),
+                );
+            }
+        }
+        if c.chance(10) {
+            add("--cp", Some(w.number(c, &[2, 1], &[0, 3])));
         }
         if c.chance(10) {
             // A DeepSpeed or accelerate config from the fixtures (or one that is not there).
