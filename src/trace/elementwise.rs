@@ -442,7 +442,9 @@ impl Tracer<'_> {
     /// logits is held, as the whole logits are without chunking. A piece of a batch of more
     /// than one sequence is not contiguous, so `matmul` copies it for `mm` (which keeps the
     /// copy). Each piece's backward (`slice_backward`) makes a zero gradient of the whole
-    /// hidden states, accumulated into one.
+    /// hidden states, accumulated into one. The pieces' losses are summed (`total = total +
+    /// loss`, from `0.0`) and divided by the count of labels, as the recipe's loss returns
+    /// `total_loss / total_elements`; backward reaches every piece through that sum.
     #[allow(clippy::too_many_arguments)] // the head's and the loss's settings
     pub(super) fn chunked_head_loss(
         &mut self,
@@ -479,7 +481,7 @@ impl Tracer<'_> {
             "labels",
         )?;
         let mut target = labels;
-        let mut loss = x;
+        let mut total = None;
         for i in 0..chunks {
             self.cur_layer = head_layer;
             let len = s / chunks + u64::from(i < s % chunks);
@@ -525,8 +527,31 @@ impl Tracer<'_> {
                     .results(vec![total_weight]),
             )?;
             self.tape.held.push(self.sid(piece_loss));
-            loss = piece_loss;
+            // `total = total + piece_loss`, from `total = 0.0`: a new scalar each time, whose
+            // backward hands the gradient to every piece's loss.
+            total = Some(match total {
+                None => self.unary(piece_loss, AtenOp::AddScalar)?,
+                Some(t) => self.add(&[t, piece_loss], false)?,
+            });
         }
+        let total =
+            total.ok_or_else(|| self.err("--loss chunked-ce needs at least one chunk".into()))?;
+        // `total / (labels != ignore_index).sum()`: the count, an int64 scalar, is kept for
+        // the division's backward.
+        let count = self.storage(
+            &Shape::default(),
+            DType::Int64,
+            StorageKind::Activation,
+            "label count",
+        )?;
+        let tv = self.val(total).clone();
+        let loss = self.fresh(Shape::default(), tv.dtype, "loss", tv.requires_grad)?;
+        self.call(
+            Call::new(AtenOp::Div, vec![total], vec![loss])
+                .aux(vec![count])
+                .allocs(vec![count]),
+        )?;
+        self.tape.held.push(self.sid(loss));
         self.tape.has_loss = true;
         Ok(loss)
     }

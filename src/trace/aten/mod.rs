@@ -105,6 +105,9 @@ pub enum AtenOp {
     AddScalar,
     /// `div_.Tensor(self, other)`.
     DivInplace,
+    /// `div.Tensor(self, other)` by a tensor that needs no gradient (a loss divided by its count
+    /// of labels).
+    Div,
     /// `mean.dim(self, dim, keepdim)`.
     Mean,
     /// `sum(self)` / `sum.dim_IntList(self, dim, keepdim)`.
@@ -261,6 +264,7 @@ impl AtenOp {
             AtenOp::AddInplace => "add_.Tensor",
             AtenOp::AddScalar => "add.Scalar",
             AtenOp::DivInplace => "div_.Tensor",
+            AtenOp::Div => "div.Tensor",
             AtenOp::Mean => "mean.dim",
             AtenOp::Sum => "sum",
             AtenOp::Cat => "cat",
@@ -550,6 +554,15 @@ impl AtenOp {
                 &["result"],
                 &["other", "self_clone"],
                 SaveRule::always(&[Aux(0), Aux(1)]),
+            ),
+            // `div.Tensor` saves `other` for `self`'s gradient (`self` only for `other`'s, which
+            // a count of labels does not need); the divisor is not a traced value: an auxiliary.
+            AtenOp::Div => spec(
+                None,
+                &["self"],
+                &["result"],
+                &["other"],
+                SaveRule::always(&[Aux(0)]),
             ),
             AtenOp::Mean => unary("mean.dim", SaveRule::NOTHING),
             AtenOp::Sum => unary("sum", SaveRule::NOTHING),
