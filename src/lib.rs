@@ -105,8 +105,8 @@ pub const MIN_GPUS_LIMIT: u64 = 1 << 16;
 
 /// `--min-gpus`: the fewest data-parallel ranks on which `flags`' plan fits `budget` per GPU,
 /// by doubling from one, then bisection (the per-GPU figure falls as more ranks share the
-/// model states; when it stops falling between two doublings nothing more is sharded, and the
-/// search ends without an answer). World sizes are data-parallel ranks × the plan's model
+/// model states; when it stops falling between two doublings from two ranks on, nothing more
+/// is sharded, and the search ends without an answer; one rank has no communicator to compare). World sizes are data-parallel ranks × the plan's model
 /// parallel degree (`tp · pp · cp` at the `--gpus` given, else 1).
 ///
 /// # Errors
@@ -172,7 +172,12 @@ fn min_gpus(
         if last.is_some_and(|l| checked >= l) || dp >= MIN_GPUS_LIMIT {
             break None;
         }
-        last = Some(checked);
+        // From one rank to two the figure can rise (NCCL's communicator buffers, 308,281,344 B
+        // on CUDA, and the data-parallel engine exist only from two ranks on), so the stop
+        // rule compares doublings from two ranks onward.
+        if dp >= 2 {
+            last = Some(checked);
+        }
         lo = dp;
         dp = dp.saturating_mul(2);
     };

@@ -527,7 +527,8 @@ fn min_gpus() {
         "300MiB",
     ]);
     assert_eq!(r["parallel"]["min_gpus"]["gpus"], Value::Null);
-    assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 2);
+    // The stop rule compares doublings from two ranks on: 2 and 4.
+    assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 4);
     // A config's train_batch_size (16 = 2 × 1 × 8) does not pin the search's world size.
     let r = report(&[
         LLAMA,
@@ -549,6 +550,44 @@ fn min_gpus() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `--min-gpus` on CUDA, where NCCL's buffers (308,281,344 B) appear from two ranks on: ZeRO-3
+/// SGD of the tiny Llama (bf16, batch 1, seq 16) checks 1,002,661,444 B on one GPU,
+/// 1,134,763,588 B on two (more than one), then falls: 1,002,629,188 B on 8, 997,735,452 B on 9.
+/// Under 1,000,000,000 B it needs 9 GPUs and 8 do not fit (the search stopped at 2, answering
+/// none, when the rise from one rank to two ended it).
+#[test]
+fn min_gpus_cuda_past_the_communicator() {
+    let base = [
+        LLAMA,
+        "--seq",
+        "16",
+        "--batch",
+        "1",
+        "--optim",
+        "sgd",
+        "--dtype",
+        "bf16",
+        "--zero",
+        "3",
+        "--reduce-bucket-size",
+        "5000000",
+        "--budget",
+        "1000000000",
+    ];
+    let mut a = base.to_vec();
+    a.push("--min-gpus");
+    let r = report(&a);
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], 9);
+    assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 16);
+    assert_eq!(u(&r["budget"], "checked_bytes"), 997_735_452);
+    assert_eq!(r["budget"]["fits"], true);
+    let mut b = base.to_vec();
+    b.extend(["--gpus", "8"]);
+    let r = report(&b);
+    assert_eq!(u(&r["budget"], "checked_bytes"), 1_002_629_188);
+    assert_eq!(r["budget"]["fits"], false);
 }
 
 /// `--plan auto` on 16 GPUs: twelve plans (hybrid-shard past one node of 8), sorted by the
