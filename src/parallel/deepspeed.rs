@@ -386,6 +386,7 @@ fn zero(
     }
     if let Some(b) = flag(obj, at, "overlap_comm")? {
         z.overlap_comm = b;
+        z.overlap_comm_in_file = Some(b);
     }
     if stage == 3 && (obj.contains_key("stage3_prefetch_bucket_size") || auto.prefetch_bucket) {
         plan.notes.push(ConfigNote {

@@ -370,6 +370,11 @@ pub struct Zero {
     /// validator): ZeRO-1/2 then allocate a second reduce bucket (`ipg_buffer` `buf_1`,
     /// `stage_1_and_2.py` `backward`).
     pub overlap_comm: bool,
+    /// `overlap_comm` as a config file set it (`None`: left out, so it follows the stage the
+    /// plan resolves to, `--zero` included).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub overlap_comm_in_file: Option<bool>,
     /// `contiguous_gradients` (default true): gradients are copied into the reduce bucket
     /// (`ipg_buffer` for stages 1-2, `__ipg_bucket_flat_buffer` for stage 3); false: no bucket
     /// is allocated.
@@ -394,6 +399,7 @@ impl Zero {
             prefetch_bucket_elems: 50_000_000,
             max_live_parameters: 1_000_000_000,
             overlap_comm: stage == 3,
+            overlap_comm_in_file: None,
             contiguous_gradients: true,
             auto_from_hidden: deepspeed::AutoFromHidden {
                 reduce_bucket: false,
@@ -966,13 +972,20 @@ impl PlanFlags {
                 )));
             }
             let mut z = match config_zero {
-                // The config's options, at the stage the flag asks for (DeepSpeed's
-                // `overlap_comm` default follows the stage unless the file set it).
-                Some(c) => Zero { stage, ..c },
+                // The config's options, at the stage the flag asks for; DeepSpeed's
+                // `overlap_comm` default (true for stage 3 only, `overlap_comm_valid` in
+                // `deepspeed/runtime/zero/config.py`) follows that stage unless the file set it.
+                Some(c) => Zero {
+                    stage,
+                    overlap_comm: c.overlap_comm_in_file.unwrap_or(stage == 3),
+                    ..c
+                },
                 None => Zero::stage(stage),
             };
             if let Some(r) = self.reduce_bucket_size {
+                // The flag wins over the file's `"auto"` too (filled later from the model).
                 z.reduce_bucket_elems = r;
+                z.auto_from_hidden.reduce_bucket = false;
             }
             Sharding::Zero(z)
         } else if let Some(strategy) = fsdp_strategy {

@@ -142,6 +142,45 @@ fn hf_auto_values() {
     assert_eq!(keys, ["zero_optimization.stage3_prefetch_bucket_size"]);
 }
 
+/// Flags over a config: `--reduce-bucket-size` wins over the file's `"auto"` (which the model's
+/// hidden size, 512, would have filled with 262,144), the other `"auto"` sizes still follow the
+/// model; `--zero 2` keeps the file's explicit `overlap_comm: true`; a file that leaves
+/// `overlap_comm` out gets DeepSpeed's default for the stage the flag sets (true for 3 only).
+#[test]
+fn flags_override_config_auto_and_stage() {
+    let base = [
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero3_hf.json",
+        "--gpus",
+        "4",
+        "--batch",
+        "2",
+    ];
+    let mut a = base.to_vec();
+    a.extend(["--reduce-bucket-size", "1000000"]);
+    let r = report(&with(&a));
+    let z = &r["parallel"]["plan"]["sharding"];
+    assert_eq!(z["reduce_bucket_elems"], 1_000_000);
+    assert_eq!(z["prefetch_bucket_elems"], 235_929);
+    assert_eq!(z["param_persistence_threshold"], 5_120);
+    let mut a = base.to_vec();
+    a.extend(["--zero", "2"]);
+    let r = report(&with(&a));
+    let z = &r["parallel"]["plan"]["sharding"];
+    assert_eq!(z["stage"], 2);
+    assert_eq!(z["overlap_comm"], true);
+    assert_eq!(z["reduce_bucket_elems"], 262_144);
+    for (file, zero, overlap) in [
+        ("tests/fixtures/parallel/ds_measured_zero2.json", "3", true),
+        ("tests/fixtures/parallel/ds_measured_zero3.json", "2", false),
+        ("tests/fixtures/parallel/ds_measured_zero3.json", "3", true),
+    ] {
+        let r = report(&with(&["--deepspeed", file, "--gpus", "2", "--zero", zero]));
+        let z = &r["parallel"]["plan"]["sharding"];
+        assert_eq!(z["overlap_comm"], overlap, "{file} --zero {zero}");
+    }
+}
+
 /// Unknown keys get a did-you-mean, keys that change memory in ways memest does not model are
 /// named, keys without effect (and features turned off) are silent.
 #[test]
