@@ -106,7 +106,8 @@ pub const MIN_GPUS_LIMIT: u64 = 1 << 16;
 /// `--min-gpus`: the fewest data-parallel ranks on which `flags`' plan fits `budget` per GPU,
 /// by doubling from one, then bisection (the per-GPU figure falls as more ranks share the
 /// model states; when it stops falling between two doublings from two ranks on, nothing more
-/// is sharded, and the search ends without an answer; one rank has no communicator to compare). World sizes are data-parallel ranks × the plan's model
+/// is sharded, and the search ends without an answer; the figure compared leaves out NCCL's
+/// buffers, which grow from one rank to two and from two to more). World sizes are data-parallel ranks × the plan's model
 /// parallel degree (`tp · pp · cp` at the `--gpus` given, else 1).
 ///
 /// # Errors
@@ -159,7 +160,10 @@ fn min_gpus(
             .budget
             .as_ref()
             .map_or((false, r.peak_bytes), |b| (b.fits, b.checked_bytes));
-        Ok((b.0, b.1, overrides))
+        // NCCL's buffers grow with the ranks (none on one, fewer connections on two), so the
+        // stop rule compares the figure without them.
+        let nccl = r.parallel.as_ref().map_or(0, |p| p.nccl_bytes);
+        Ok((b.0, b.1.saturating_sub(nccl), overrides))
     };
     let mut lo = 0u64; // the largest known not to fit
     let mut dp = 1u64;
@@ -172,9 +176,8 @@ fn min_gpus(
         if last.is_some_and(|l| checked >= l) || dp >= MIN_GPUS_LIMIT {
             break None;
         }
-        // From one rank to two the figure can rise (NCCL's communicator buffers, 308,281,344 B
-        // on CUDA, and the data-parallel engine exist only from two ranks on), so the stop
-        // rule compares doublings from two ranks onward.
+        // From one rank to two the figure can rise (the data-parallel engine exists only from
+        // two ranks on), so the stop rule compares doublings from two ranks onward.
         if dp >= 2 {
             last = Some(checked);
         }
