@@ -519,8 +519,9 @@ fn position_table_rows(layers: &[spec::LayerSpec]) -> Option<u64> {
 }
 
 /// Whether any layer (inside blocks too) is of `kind`.
-/// The model's hidden size as the Hugging Face Trainer reads it (`config.hidden_size`): the
-/// width of its first token embedding, for DeepSpeed sizes left `"auto"`.
+/// A memest file's stand-in for the `hidden_size` the Hugging Face Trainer reads (a config's
+/// own is [`spec::ModelSpec::hidden_size`]): the width of its first token embedding, for
+/// DeepSpeed sizes left `"auto"`; `None` without one.
 fn hidden_size(layers: &[spec::LayerSpec]) -> Option<u64> {
     layers.iter().find_map(|l| {
         if l.kind == spec::LayerKind::Embedding {
@@ -688,7 +689,7 @@ fn estimate_with(
     let mut model = graph::build(spec, name)?;
     let mut settings = settings::Settings::resolve(&model.defaults, overrides)?;
     if let Some(plan) = &mut settings.parallel {
-        plan.fill_auto(hidden_size(&spec.layers));
+        plan.fill_auto(spec.hidden_size.or_else(|| hidden_size(&spec.layers)))?;
     }
     if !spec_has_dim(spec, &spec::DimSpec::Seq) {
         // Without a "seq" dimension a sequence length sets nothing (a warning says so).

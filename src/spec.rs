@@ -83,6 +83,13 @@ pub struct ModelSpec {
     pub defaults: DefaultsSpec,
     /// The layers, in forward order.
     pub layers: Vec<LayerSpec>,
+    /// The hidden size a Hugging Face config gives, as the Trainer reads it for DeepSpeed sizes
+    /// left `"auto"` (`trainer_config_finalize` in `transformers/integrations/deepspeed.py`):
+    /// `hidden_size`, else the largest of `hidden_sizes`, else `text_config`'s. `None` for a
+    /// memest file (the width of the first token embedding stands in) and for a config without
+    /// one. Not part of the file format.
+    #[serde(skip)]
+    pub hidden_size: Option<u64>,
 }
 
 /// The input tensor, without its batch dimension.

@@ -427,6 +427,22 @@ fn field_error(field: &str, message: String) -> Error {
     })
 }
 
+/// The hidden size the Hugging Face Trainer fills DeepSpeed's `"auto"` sizes from
+/// (`trainer_config_finalize`, `transformers/integrations/deepspeed.py`): the config's
+/// `hidden_size`, else the largest of its `hidden_sizes`, else the same in its `text_config`;
+/// `None` when none is a whole number.
+fn trainer_hidden_size(text: &str) -> Option<u64> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    let of = |c: &Value| {
+        c.get("hidden_size").and_then(Value::as_u64).or_else(|| {
+            c.get("hidden_sizes")
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().filter_map(Value::as_u64).max())
+        })
+    };
+    of(&v).or_else(|| v.get("text_config").and_then(of))
+}
+
 /// Builds the memest description of a Hugging Face configuration, given as its JSON text.
 ///
 /// # Errors
@@ -587,6 +603,7 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
             ..Default::default()
         },
         layers,
+        hidden_size: trainer_hidden_size(text),
     })
 }
 

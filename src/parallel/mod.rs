@@ -1077,14 +1077,47 @@ impl PlanFlags {
 
 impl Plan {
     /// Fills the DeepSpeed sizes a config left `"auto"` from the model's `hidden_size`, as the
-    /// Hugging Face Trainer does (`None`: the model has no embedding to read it from; the
-    /// defaults stay).
-    pub fn fill_auto(&mut self, hidden: Option<u64>) {
-        if let (Sharding::Zero(z), Some(h)) = (&mut self.sharding, hidden) {
-            let auto = z.auto_from_hidden;
-            auto.fill(z, h);
-            z.auto_from_hidden = deepspeed::AutoFromHidden::default();
+    /// Hugging Face Trainer does.
+    ///
+    /// # Errors
+    /// [`Error::Setting`](crate::Error::Setting) naming the `"auto"` keys when `hidden` is
+    /// `None` (the Trainer's `ValueError`: the config has neither `hidden_size` nor
+    /// `hidden_sizes`).
+    pub fn fill_auto(&mut self, hidden: Option<u64>) -> Result<(), crate::Error> {
+        let Sharding::Zero(z) = &mut self.sharding else {
+            return Ok(());
+        };
+        let auto = z.auto_from_hidden;
+        if !auto.any() {
+            return Ok(());
         }
+        let Some(h) = hidden else {
+            let keys: Vec<&str> = [
+                (auto.reduce_bucket, "zero_optimization.reduce_bucket_size"),
+                (
+                    auto.prefetch_bucket,
+                    "zero_optimization.stage3_prefetch_bucket_size",
+                ),
+                (
+                    auto.persistence_threshold,
+                    "zero_optimization.stage3_param_persistence_threshold",
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(on, k)| on.then_some(k))
+            .collect();
+            return Err(crate::Error::setting(
+                crate::error::SettingKey::Parallel,
+                format!(
+                    "the model has no hidden size to fill the DeepSpeed config's \"auto\" {} from (as the Hugging Face Trainer, which reads the config's hidden_size or hidden_sizes): give {} a number (or --reduce-bucket-size)",
+                    keys.join(", "),
+                    if keys.len() == 1 { "it" } else { "them" }
+                ),
+            ));
+        };
+        auto.fill(z, h);
+        z.auto_from_hidden = deepspeed::AutoFromHidden::default();
+        Ok(())
     }
 
     /// Refuses the DeepSpeed precision wrappers memest does not model. Outside ZeRO, or at

@@ -142,6 +142,60 @@ fn hf_auto_values() {
     assert_eq!(keys, ["zero_optimization.stage3_prefetch_bucket_size"]);
 }
 
+/// Vision models' `"auto"` sizes follow the config's `hidden_size` (64 in each tiny config:
+/// 64² = 4,096, ⌊0.9 · 4,096⌋ = 3,686, 10 · 64 = 640), not DeepSpeed's defaults (they have no
+/// token embedding to read a width from); a model with no hidden size at all is refused, naming
+/// the `"auto"` keys, as the Hugging Face Trainer refuses it.
+#[test]
+fn auto_sizes_of_vision_models() {
+    for model in [
+        "tests/fixtures/hf/vit_tiny.json",
+        "tests/fixtures/hf/dinov2_tiny.json",
+        "tests/fixtures/hf/clip_vision_tiny.json",
+    ] {
+        let r = report(&[
+            model,
+            "--deepspeed",
+            "tests/fixtures/parallel/ds_zero3_hf.json",
+            "--gpus",
+            "2",
+            "--batch",
+            "2",
+            "--device",
+            "cpu",
+        ]);
+        let z = &r["parallel"]["plan"]["sharding"];
+        assert_eq!(z["reduce_bucket_elems"], 4_096, "{model}");
+        assert_eq!(z["prefetch_bucket_elems"], 3_686, "{model}");
+        assert_eq!(z["param_persistence_threshold"], 640, "{model}");
+    }
+    let base = [
+        "examples/resnet18.toml",
+        "--deepspeed",
+        "tests/fixtures/parallel/ds_zero3_hf.json",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+    ];
+    let out = memest(&base);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(r#"no hidden size to fill the DeepSpeed config's "auto" zero_optimization.reduce_bucket_size, zero_optimization.stage3_prefetch_bucket_size, zero_optimization.stage3_param_persistence_threshold from"#),
+        "{}",
+        stderr(&out)
+    );
+    let mut a = base.to_vec();
+    a.extend(["--reduce-bucket-size", "1000000"]);
+    let out = memest(&a);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains(r#""auto" zero_optimization.stage3_prefetch_bucket_size, zero_optimization.stage3_param_persistence_threshold from"#),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// Flags over a config: `--reduce-bucket-size` wins over the file's `"auto"` (which the model's
 /// hidden size, 512, would have filled with 262,144), the other `"auto"` sizes still follow the
 /// model; `--zero 2` keeps the file's explicit `overlap_comm: true`; a file that leaves
