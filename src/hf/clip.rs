@@ -120,6 +120,18 @@ pub(super) fn tower(
     let n_layers = cfg.layers("num_hidden_layers", Some(c.num_hidden_layers.unwrap_or(12)))?;
     let act = c.hidden_act.clone().unwrap_or_else(|| act.to_string());
     let attn_p = prob!(cfg, c.attention_dropout, 0.0)?;
+    // Shapes are `i64`: a size past `i64::MAX` is refused, naming its field.
+    let dim = |key: &str, v: u64| {
+        i64::try_from(v).map_err(|_| {
+            cfg.field_err(
+                key,
+                format!("`{key}` gives {v}, more than a tensor dimension holds"),
+            )
+        })
+    };
+    let hidden_dim = dim("hidden_size", hidden)?;
+    // The image tower's token count (patches, and CLIP's class token), checked once.
+    let mut image_tokens = 0i64;
 
     let mut out = Vec::new();
     let reads = match tower {
@@ -141,11 +153,10 @@ pub(super) fn tower(
             let patches = side
                 .checked_mul(side)
                 .ok_or_else(|| cfg.err("the patch count overflows".into()))?;
-            let positions = if kind == Kind::Clip {
-                patches + 1
-            } else {
-                patches
-            };
+            let positions = patches
+                .checked_add(u64::from(kind == Kind::Clip))
+                .ok_or_else(|| cfg.err("the patch count overflows".into()))?;
+            image_tokens = dim("image_size", positions)?;
             // CLIP's patch convolution has no bias; SigLIP's has one.
             push(
                 &mut out,
@@ -177,7 +188,7 @@ pub(super) fn tower(
                 push(
                     &mut out,
                     LayerSpec {
-                        shape: Some(vec![1, 1, hidden as i64]),
+                        shape: Some(vec![1, 1, hidden_dim]),
                         combine: Some(CombineKind::Concat),
                         dim: Some(1),
                         ..layer(K::Parameter, "embeddings.class_embedding")
@@ -324,14 +335,8 @@ pub(super) fn tower(
     };
     // The step backpropagates `last_hidden_state.sum()`: a view of it ends the description.
     let dims = match reads {
-        Reads::Image { size, .. } => {
-            let side = size
-                / c.patch_size
-                    .unwrap_or(if kind == Kind::Clip { 32 } else { 16 });
-            let n = side * side + u64::from(kind == Kind::Clip);
-            vec![n as i64, hidden as i64]
-        }
-        Reads::Tokens(_) => vec![-1, hidden as i64],
+        Reads::Image { .. } => vec![image_tokens, hidden_dim],
+        Reads::Tokens(_) => vec![-1, hidden_dim],
     };
     push(
         &mut out,

@@ -89,6 +89,43 @@ pub(super) fn vision(
         .checked_mul(side)
         .and_then(|n| n.checked_add(1))
         .ok_or_else(|| cfg.err("the patch count overflows".into()))?;
+    // Shapes are `i64`: a size past `i64::MAX` is refused, naming its field.
+    let dim = |key: &str, v: u64| {
+        i64::try_from(v).map_err(|_| {
+            cfg.field_err(
+                key,
+                format!("`{key}` gives {v}, more than a tensor dimension holds"),
+            )
+        })
+    };
+    let hidden_dim = dim("hidden_size", hidden)?;
+    let patches_dim = dim("image_size", patches)?;
+    // DINOv2's MLP width `int(hidden_size · mlp_ratio)` (`Dinov2MLP`, `Dinov2SwiGLUFFN`).
+    let mlp = if kind == Kind::Dinov2 {
+        let ratio = c.mlp_ratio.unwrap_or(4.0);
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return Err(cfg.field_err(
+                "mlp_ratio",
+                format!("`mlp_ratio` = {ratio}: expected a finite number above 0"),
+            ));
+        }
+        #[allow(clippy::cast_precision_loss)] // a width, far below 2^53
+        let width = (hidden as f64 * ratio).floor();
+        // Below 2^53 the float is a whole number that converts exactly.
+        if !(1.0..9_007_199_254_740_992.0).contains(&width) {
+            return Err(cfg.field_err(
+                "mlp_ratio",
+                format!(
+                    "`mlp_ratio` = {ratio}: hidden_size {hidden} × mlp_ratio gives {width} MLP features"
+                ),
+            ));
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked range
+        let width = width as u64;
+        width
+    } else {
+        0
+    };
     let act_name = c.hidden_act.as_deref().unwrap_or("gelu");
     let hidden_p = prob!(cfg, c.hidden_dropout_prob, 0.0)?;
     let attn_p = prob!(cfg, c.attention_probs_dropout_prob, 0.0)?;
@@ -119,7 +156,7 @@ pub(super) fn vision(
         push(
             &mut out,
             LayerSpec {
-                shape: Some(vec![1, hidden as i64]),
+                shape: Some(vec![1, hidden_dim]),
                 combine: Some(CombineKind::Unused),
                 ..layer(K::Parameter, &p("embeddings.mask_token"))
             },
@@ -151,7 +188,7 @@ pub(super) fn vision(
     push(
         &mut out,
         LayerSpec {
-            shape: Some(vec![1, 1, hidden as i64]),
+            shape: Some(vec![1, 1, hidden_dim]),
             combine: Some(CombineKind::Concat),
             dim: Some(1),
             ..layer(K::Parameter, &p("embeddings.cls_token"))
@@ -160,7 +197,7 @@ pub(super) fn vision(
     let prev = push(
         &mut out,
         LayerSpec {
-            shape: Some(vec![1, patches as i64, hidden as i64]),
+            shape: Some(vec![1, patches_dim, hidden_dim]),
             ..layer(K::Parameter, &p("embeddings.position_embeddings"))
         },
     );
@@ -184,7 +221,7 @@ pub(super) fn vision(
         },
     );
     if kind == Kind::Dinov2 {
-        prev = push(&mut body, layer_scale("layer_scale1", hidden));
+        prev = push(&mut body, layer_scale("layer_scale1", hidden_dim));
     } else {
         prev = push_dropout(&mut body, "attention.dropout", hidden_p, prev);
     }
@@ -192,11 +229,14 @@ pub(super) fn vision(
     push(&mut body, layernorm(norm2));
     let mut prev = if kind == Kind::Dinov2 && c.use_swiglu_ffn.unwrap_or(false) {
         // Dinov2SwiGLUFFN: `int(hidden · mlp_ratio)` rounded to 2/3 and up to a multiple of 8.
-        let ratio = c.mlp_ratio.unwrap_or(4.0);
-        // In 128 bits: a config's `hidden_size` may be anything up to 2^64 - 1, and a width
-        // past 64 bits is refused later as a size overflow, not a panic here.
-        let h = u128::from((hidden as f64 * ratio).floor() as u64);
-        let f = u64::try_from((h * 2 / 3).div_ceil(8) * 8).unwrap_or(u64::MAX);
+        // `mlp` < 2^53: the products below fit.
+        let f = (mlp * 2 / 3).div_ceil(8) * 8;
+        if f == 0 {
+            return Err(cfg.field_err(
+                "mlp_ratio",
+                format!("`mlp_ratio`: {mlp} MLP features leave the SwiGLU FFN none"),
+            ));
+        }
         let x = "norm2";
         let gate = push(&mut body, linear("mlp.gate_proj", f, true));
         let act = push(
@@ -215,7 +255,7 @@ pub(super) fn vision(
     } else {
         let inter = match kind {
             Kind::Vit => c.intermediate_size.unwrap_or(3072),
-            Kind::Dinov2 => (hidden as f64 * c.mlp_ratio.unwrap_or(4.0)).floor() as u64,
+            Kind::Dinov2 => mlp,
         };
         push(&mut body, linear("mlp.fc1", inter, true));
         push(
@@ -225,7 +265,7 @@ pub(super) fn vision(
         push(&mut body, linear("mlp.fc2", hidden, true))
     };
     if kind == Kind::Dinov2 {
-        prev = push(&mut body, layer_scale("layer_scale2", hidden));
+        prev = push(&mut body, layer_scale("layer_scale2", hidden_dim));
     } else {
         prev = push_dropout(&mut body, "dropout", hidden_p, prev);
     }
@@ -293,9 +333,9 @@ pub(super) fn vision(
 }
 
 /// DINOv2's `Dinov2LayerScale`: `hidden_state * lambda1`, a `[hidden]` parameter.
-fn layer_scale(name: &str, hidden: u64) -> LayerSpec {
+fn layer_scale(name: &str, hidden: i64) -> LayerSpec {
     LayerSpec {
-        shape: Some(vec![hidden as i64]),
+        shape: Some(vec![hidden]),
         combine: Some(CombineKind::Mul),
         ..layer(K::Parameter, &format!("{name}.lambda1"))
     }

@@ -929,3 +929,79 @@ fn deepseek_v3_latent_attention_dense_then_grouped_experts() {
     // 3 layers × batch 2 × 79 cached tokens × (64 + 16) × 4 B at the last decode step.
     assert_eq!(r["kv_cache_bytes"].as_u64(), Some(3 * 2 * 79 * 80 * 4));
 }
+
+/// DINOv2's `mlp_ratio` must be finite and above 0, and `int(hidden_size · mlp_ratio)` (64 ·
+/// ratio here) a width of at least one feature (the SwiGLU FFN's `int(2/3 ·)` rounded up to 8
+/// too); sizes past `i64::MAX` are refused naming their field (they wrapped to negative dims).
+/// A valid ratio still builds: 2.5 gives `mlp.fc1` 64 · 2.5 = 160 features.
+#[test]
+fn vision_sizes_are_checked() {
+    let dinov2 = |extra: &str| {
+        format!(
+            r#"{{"model_type": "dinov2", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "image_size": 28, "patch_size": 7{extra}}}"#
+        )
+    };
+    for (extra, message) in [
+        (
+            r#", "mlp_ratio": -1"#,
+            "`mlp_ratio` = -1: expected a finite number above 0",
+        ),
+        (
+            r#", "mlp_ratio": 0"#,
+            "`mlp_ratio` = 0: expected a finite number above 0",
+        ),
+        (
+            r#", "mlp_ratio": 1e30"#,
+            "hidden_size 64 × mlp_ratio gives 64000000000000000000000000000000 MLP features",
+        ),
+        (
+            r#", "mlp_ratio": 0.001"#,
+            "hidden_size 64 × mlp_ratio gives 0 MLP features",
+        ),
+        (
+            r#", "mlp_ratio": 0.02, "use_swiglu_ffn": true"#,
+            "`mlp_ratio`: 1 MLP features leave the SwiGLU FFN none",
+        ),
+    ] {
+        let m = TempModel::new("json", &dinov2(extra));
+        let out = memest(&[m.arg()]);
+        assert_eq!(code(&out), 2, "{extra}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{extra}: {}", stderr(&out));
+    }
+    let m = TempModel::new("json", &dinov2(r#", "mlp_ratio": 2.5"#));
+    let out = memest(&[m.arg(), "--print-model"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("out_features = 160"),
+        "{}",
+        stdout(&out)
+    );
+    let clip = TempModel::new(
+        "json",
+        r#"{"model_type": "clip_vision_model", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "image_size": 3037000500, "patch_size": 1}"#,
+    );
+    let out = memest(&[clip.arg()]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("`image_size` gives 9223372037000250001, more than a tensor dimension holds"),
+        "{}",
+        stderr(&out)
+    );
+    let vit = TempModel::new(
+        "json",
+        r#"{"model_type": "vit", "hidden_size": 9223372036854775808, "num_hidden_layers": 1,
+        "num_attention_heads": 1, "image_size": 28, "patch_size": 7}"#,
+    );
+    let out = memest(&[vit.arg()]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "`hidden_size` gives 9223372036854775808, more than a tensor dimension holds"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
