@@ -195,8 +195,11 @@ impl<'a> Replay<'a> {
     }
 
     /// Reduces unit `u`'s gradients to this rank's shard: the whole ones are freed, the shard
-    /// stays (unless it lands in a buffer counted from the start).
-    fn reduce_unit(&mut self, u: usize, has_grad: &TiVec<ValueId, bool>, layer: Option<LayerId>) {
+    /// stays (unless it lands in a buffer counted from the start). `fresh`: the parameters whose
+    /// `.grad` this backward created and still holds whole. A gradient added into a carried
+    /// `.grad` (gradient accumulation) or applied in backward (`--optim-in-backward`) was a
+    /// transient at its step, and the shard it adds into is already counted.
+    fn reduce_unit(&mut self, u: usize, fresh: &TiVec<ValueId, bool>, layer: Option<LayerId>) {
         let Some(d) = self.dist else { return };
         let Reduce::PerUnit { into_buffer } = d.reduce else {
             return;
@@ -212,7 +215,7 @@ impl<'a> Replay<'a> {
             self.check(Phase::Backward, layer, At::Communication);
         }
         for &(v, whole, shard) in &d.units[u].grads {
-            if has_grad.get(v).copied().unwrap_or(false) {
+            if fresh.get(v).copied().unwrap_or(false) {
                 self.sub(Category::Gradients, whole);
                 if !into_buffer {
                     self.add(Category::Gradients, shard);
@@ -564,6 +567,7 @@ impl<'a> Replay<'a> {
         let mut grads: HashMap<ValueId, u64> = HashMap::new();
         let mut has_grad: TiVec<ValueId, bool> =
             accumulate.map_or_else(|| ti_vec![false; tape.values.len()], Clone::clone);
+        let mut fresh: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
         let mut gradient_bytes = 0u64;
         let mut applied = 0u64;
         let seg_by_end: HashMap<usize, SegmentId> = tape
@@ -657,6 +661,7 @@ impl<'a> Replay<'a> {
                         self.heap_alloc(Key::Transient, bytes);
                     } else {
                         has_grad[v] = true;
+                        fresh[v] = true;
                         gradient_bytes = gradient_bytes.saturating_add(bytes);
                         if grads_in_backward {
                             self.add(Category::Gradients, bytes);
@@ -731,7 +736,7 @@ impl<'a> Replay<'a> {
             for (u, unit) in units.iter().enumerate().rev() {
                 if unit.steps.start == i {
                     self.release(u);
-                    self.reduce_unit(u, &has_grad, Some(tape.steps[i].layer));
+                    self.reduce_unit(u, &fresh, Some(tape.steps[i].layer));
                 }
             }
         }

@@ -267,18 +267,15 @@ fn a_huge_dinov2_swiglu_width_is_refused_not_a_panic() {
     assert_eq!(check(&case), Ok(Outcome::Refused));
 }
 
-/// Open finding (seeds 101 and 102, 10 cases in the first 40,000): a plan that shards the
+/// Finding (seeds 101 and 102, 10 cases in the first 40,000), fixed: a plan that shards the
 /// parameters (`--zero 3`, `--fsdp full-shard` or `hybrid-shard`) with gradient accumulation
-/// (`--grad-accum N`, or `grad_accum` in `[defaults]`) or `--optim-in-backward` is refused as
-/// an internal error, "a memory total of the step went below zero", even for one linear
-/// layer: `memest m.json --gpus 2 --zero 3 --grad-accum 2` (`--device cpu` too). ZeRO-2 and
-/// DDP with accumulation are fine. The multi-GPU replay (`sim/parallel.rs`, `sim/replay.rs`:
-/// `reduce_unit` and the gradients a unit shrinks to shards) frees a gradient twice when a
-/// second micro-batch or the in-backward step runs.
+/// or `--optim-in-backward` was refused as an internal error, "a memory total of the step went
+/// below zero", even for one linear layer: `reduce_unit` freed the whole gradient of a
+/// parameter whose new gradient had been added into a carried `.grad` (a transient at its
+/// step). It now frees only the gradients this backward created whole.
 #[test]
-#[ignore = "open finding in the multi-GPU replay (sim/parallel.rs), left to its owner"]
 fn sharded_parameters_with_accumulation_estimate() {
-    let case = corpus("open_sharded_grad_accum_underflow.json");
+    let case = corpus("sharded_grad_accum_underflow.json");
     assert_eq!(check(&case), Ok(Outcome::Fits));
 }
 
