@@ -409,11 +409,7 @@ fn check_keys(
     notes: &mut Vec<ConfigNote>,
 ) {
     for (key, value) in obj {
-        let path = if at.is_empty() {
-            key.clone()
-        } else {
-            format!("{at}.{key}")
-        };
+        let path = ConfigNote::path(at, key);
         match known.iter().find(|k| k.0 == key) {
             Some((_, true)) => {}
             Some((name, false)) if NO_EFFECT.contains(name) => {}
@@ -421,21 +417,12 @@ fn check_keys(
                 let off = matches!(value, Value::Null | Value::Bool(false))
                     || value.as_object().is_some_and(Map::is_empty);
                 if !off {
-                    notes.push(ConfigNote {
-                        key: path,
-                        message: "read, not modelled: it may change memory in a way memest does not count".into(),
-                    });
+                    notes.push(ConfigNote::not_modelled(path));
                 }
             }
             None => {
                 let names: Vec<&str> = known.iter().map(|k| k.0).collect();
-                let hint = crate::error::nearest(key, &names)
-                    .map(|n| format!(" (did you mean {n}?)"))
-                    .unwrap_or_default();
-                notes.push(ConfigNote {
-                    key: path,
-                    message: format!("not an accelerate key memest knows; ignored{hint}"),
-                });
+                notes.push(ConfigNote::unknown(path, key, &names, "an accelerate"));
             }
         }
     }

@@ -478,11 +478,7 @@ fn check_keys(
     notes: &mut Vec<ConfigNote>,
 ) {
     for (key, value) in obj {
-        let path = if at.is_empty() {
-            key.clone()
-        } else {
-            format!("{at}.{key}")
-        };
+        let path = ConfigNote::path(at, key);
         match known.iter().find(|k| k.0 == key).map(|k| k.1) {
             Some(Known::Read | Known::NoEffect | Known::Object) => {}
             Some(Known::NotModelled) => {
@@ -496,21 +492,12 @@ fn check_keys(
                         .get("enabled")
                         .is_some_and(|e| e == &Value::Bool(false));
                 if !off {
-                    notes.push(ConfigNote {
-                        key: path,
-                        message: "read, not modelled: it may change memory in a way memest does not count".into(),
-                    });
+                    notes.push(ConfigNote::not_modelled(path));
                 }
             }
             None => {
                 let names: Vec<&str> = known.iter().map(|k| k.0).collect();
-                let hint = crate::error::nearest(key, &names)
-                    .map(|n| format!(" (did you mean {n}?)"))
-                    .unwrap_or_default();
-                notes.push(ConfigNote {
-                    key: path,
-                    message: format!("not a DeepSpeed key memest knows; ignored{hint}"),
-                });
+                notes.push(ConfigNote::unknown(path, key, &names, "a DeepSpeed"));
             }
         }
     }

@@ -712,6 +712,37 @@ pub struct ConfigNote {
     pub message: String,
 }
 
+impl ConfigNote {
+    /// The path of `key` inside the object at `at` (`""` for the top level).
+    pub(crate) fn path(at: &str, key: &str) -> String {
+        if at.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{at}.{key}")
+        }
+    }
+
+    /// A key memest reads but whose memory effect it does not count.
+    pub(crate) fn not_modelled(key: String) -> Self {
+        Self {
+            key,
+            message: "read, not modelled: it may change memory in a way memest does not count"
+                .into(),
+        }
+    }
+
+    /// A key `engine`'s table (`known`) does not list, with the nearest known key.
+    pub(crate) fn unknown(key: String, name: &str, known: &[&str], engine: &str) -> Self {
+        let hint = crate::error::nearest(name, known)
+            .map(|n| format!(" (did you mean {n}?)"))
+            .unwrap_or_default();
+        Self {
+            key,
+            message: format!("not {engine} key memest knows; ignored{hint}"),
+        }
+    }
+}
+
 /// The parallel flags as given (`--gpus`, `--ddp`, `--zero`, `--fsdp` and their options),
 /// before they are checked and made a [`Plan`].
 #[derive(Clone, Debug, Default)]
