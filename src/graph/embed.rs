@@ -101,6 +101,10 @@ pub struct RotaryCfg {
     /// returns them uncast): `apply_rotary_pos_emb` then computes in float32 and casts Q and K
     /// back (`q_embed.to(q_type)`).
     pub tables_f32: bool,
+    /// Q and K are cast to float32 and rotated there against tables in the activation dtype,
+    /// then cast back (`upcast`; Cohere's `apply_rotary_pos_emb`: `q = q.float()`, ...,
+    /// `q_embed.to(dtype=dtype)`).
+    pub upcast: bool,
     /// The tables of the sliding-window layers (`local`): Gemma 3 computes a second pair of
     /// `cos`/`sin` with its local base frequency (`rope_local_base_freq`), which the
     /// attention layers with a `sliding_window` use; the others use the last table without
@@ -115,6 +119,7 @@ impl RotaryCfg {
             head_dim: r.pos(key!(s.head_dim)),
             concat: r.or(key!(s.concat), false),
             tables_f32: r.or(key!(s.tables_f32), false),
+            upcast: r.or(key!(s.upcast), false),
             local: r.or(key!(s.local), false),
         };
         r.finish()?;

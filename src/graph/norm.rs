@@ -45,17 +45,40 @@ pub struct LayerNormCfg {
     /// Normalizes a float32 copy of a 16-bit input and casts the result back (OLMo's
     /// `OlmoLayerNorm`: `F.layer_norm(x.to(torch.float32), ..).to(orig_dtype)`).
     pub upcast: bool,
+    /// transformers' `CohereLayerNorm` (`style = "cohere"`, `models/cohere/modeling_cohere.py`):
+    /// not `native_layer_norm` but its formula op by op on a float32 copy, `h - mean` (kept by
+    /// `pow`), `rsqrt(var + eps)` (kept), `(h - mean) * rstd` (a second difference, kept with
+    /// the rstd), times the float32 weight (both kept), cast back; a weight and no bias.
+    pub cohere: bool,
 }
 
 impl LayerNormCfg {
     pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
         let s = r.spec();
+        let style = r.opt(key!(s.style));
+        let cohere = match style {
+            None => false,
+            Some(Style::Cohere) => true,
+            Some(other) => {
+                return Err(format!(
+                    "`style` value `{}` does not apply to `layernorm`, expected \"cohere\"",
+                    other.as_str()
+                ));
+            }
+        };
         let cfg = LayerNormCfg {
             affine: r.or(key!(s.affine), true),
-            bias: r.or(key!(s.bias), true),
+            bias: r.or(key!(s.bias), !cohere),
             upcast: r.or(key!(s.upcast), false),
+            cohere,
         };
         r.finish()?;
+        if cohere && (cfg.bias || !cfg.affine || cfg.upcast) {
+            return Err(
+                "`style = \"cohere\"` has a weight and no bias and always computes in float32: it takes neither `bias = true`, `affine = false` nor `upcast`"
+                    .into(),
+            );
+        }
         Ok(cfg)
     }
 }

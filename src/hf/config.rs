@@ -98,6 +98,11 @@ pub(super) struct DecoderConfig {
     pub embedding_multiplier: Option<f64>,
     pub residual_multiplier: Option<f64>,
     pub logits_scaling: Option<f64>,
+    /// Cohere's scale of the logits (`null`: none).
+    #[serde(default, deserialize_with = "nullable")]
+    pub logit_scale: Option<Option<f64>>,
+    /// Cohere's LayerNorm on each head's queries and keys.
+    pub use_qk_norm: Option<bool>,
 }
 
 /// The part of `rope_parameters` that changes memory: the fraction of each head that rotates.

@@ -76,6 +76,12 @@ pub(super) struct DecoderFamily {
     /// Multi-head latent attention (DeepSeek-V2/V3: `mla`) instead of `self_attn`'s Q/K/V
     /// projections.
     pub mla: bool,
+    /// Cohere: Q and K are rotated in float32 (`apply_rotary_pos_emb` upcasts them, the tables
+    /// stay in the activation dtype) and cast back.
+    pub rotary_upcast: bool,
+    /// Cohere: the logits times `logit_scale` (this default when the config leaves it out)
+    /// before the loss.
+    pub logit_scale: Option<f64>,
     /// Gemma 3: a second rotary table (`rope_local_base_freq`) for the sliding-window layers;
     /// `Gemma3TextModel.forward` computes one `cos`/`sin` pair per layer type present.
     pub rotary_local: bool,
@@ -123,6 +129,9 @@ pub(super) enum Norm {
     /// `OlmoLayerNorm`: a LayerNorm without weight or bias over a float32 copy, cast back
     /// (memest's `layernorm` with `affine = false`, `upcast = true`).
     OlmoLayer,
+    /// `CohereLayerNorm`: a LayerNorm with a weight and no bias written out in float32, cast
+    /// back (memest's `layernorm` with `style = "cohere"`).
+    Cohere,
 }
 
 /// Where a decoder layer normalizes.
@@ -137,6 +146,9 @@ pub(super) enum NormPlacement {
     /// `post_attention_layernorm`, residual, `pre_feedforward_layernorm`, MLP,
     /// `post_feedforward_layernorm`, residual).
     Sandwich,
+    /// One norm whose output feeds attention and MLP in parallel, summed as
+    /// `residual + attn + mlp` (Cohere's `CohereDecoderLayer`: `input_layernorm` only).
+    Parallel,
 }
 
 /// The Q/K/V projections.
@@ -425,6 +437,12 @@ pub(super) fn decoder(
             "`clip_qkv` (OLMo's in-place clamp of Q, K and V) is not supported".into(),
         ));
     }
+    if c.use_qk_norm == Some(true) {
+        return Err(cfg.field_err(
+            "use_qk_norm",
+            "`use_qk_norm = true` (Cohere's LayerNorm on each head's queries and keys, Command R+) is not supported".into(),
+        ));
+    }
     let vocab = required!(cfg, c.vocab_size)?;
     let hidden = required!(cfg, c.hidden_size)?;
     let n_layers = layer_count!(cfg, c.num_hidden_layers)?;
@@ -552,6 +570,7 @@ pub(super) fn decoder(
         head_dim: Some(rotary_dim),
         concat: row.rotary_concat.then_some(true),
         tables_f32: row.rotary_f32.then_some(true),
+        upcast: row.rotary_upcast.then_some(true),
         ..layer(K::Rotary, &p("rotary_emb"))
     };
     if row.rotary_local {
@@ -655,6 +674,23 @@ pub(super) fn decoder(
         );
         out.push(loss);
     }
+    if let (Some(default), Resolved::Lm) = (row.logit_scale, head) {
+        // CohereForCausalLM: `logits = logits * self.logit_scale`, before the loss.
+        if let Some(scale) = c.logit_scale.unwrap_or(Some(default)) {
+            let loss = out.pop().expect("the causal head ends in its loss");
+            push(
+                &mut out,
+                with_note(
+                    LayerSpec {
+                        factor: Some(scale),
+                        ..layer(K::Scale, "logit_scale")
+                    },
+                    "Cohere: logits * logit_scale",
+                ),
+            );
+            out.push(loss);
+        }
+    }
     Ok((out, max_pos))
 }
 
@@ -668,6 +704,12 @@ fn family_norm(row: &DecoderFamily, name: &str) -> LayerSpec {
             return LayerSpec {
                 affine: Some(false),
                 upcast: Some(true),
+                ..layer(K::LayerNorm, name)
+            };
+        }
+        Norm::Cohere => {
+            return LayerSpec {
+                style: Some(Style::Cohere),
                 ..layer(K::LayerNorm, name)
             };
         }
@@ -797,6 +839,7 @@ fn finish_layer(
 ) -> Result<Vec<LayerSpec>, Error> {
     let post = row.placement == NormPlacement::Post;
     let sandwich = row.placement == NormPlacement::Sandwich;
+    let parallel = row.placement == NormPlacement::Parallel;
     let prev = if post || sandwich {
         push(&mut body, family_norm(row, "post_attention_layernorm"))
     } else {
@@ -809,14 +852,25 @@ fn finish_layer(
         "attn_residual_multiplier",
         prev,
     );
-    let residual1 = push(&mut body, add("residual1", "input", &prev));
-    let mlp_in = if post {
+    let attn_out = prev;
+    let residual1 = if parallel {
+        String::new()
+    } else {
+        push(&mut body, add("residual1", "input", &attn_out))
+    };
+    let mlp_in = if parallel {
+        "input_layernorm".to_string()
+    } else if post {
         residual1.clone()
     } else if sandwich {
         push(&mut body, family_norm(row, "pre_feedforward_layernorm"))
     } else {
         push(&mut body, family_norm(row, "post_attention_layernorm"))
     };
+    if parallel && (row.gate_up == GateUp::FusedChunk || matches!(mlp, Mlp::Moe { .. })) {
+        return Err(cfg
+            .err("a parallel block with a fused gate_up_proj or experts is not supported".into()));
+    }
     let prev = match mlp {
         Mlp::Dense(intermediate) if row.gate_up == GateUp::FusedChunk => {
             // Phi3MLP: one fused gate_up_proj, `chunk(2, dim=-1)` into two views of its output,
@@ -879,7 +933,15 @@ fn finish_layer(
             push(&mut body, linear("mlp.down_proj", a.hidden, mlp_bias))
         }
         Mlp::Dense(intermediate) => {
-            push(&mut body, linear("mlp.gate_proj", *intermediate, mlp_bias));
+            let gate = linear("mlp.gate_proj", *intermediate, mlp_bias);
+            push(
+                &mut body,
+                if parallel {
+                    with_inputs(gate, &[&mlp_in])
+                } else {
+                    gate
+                },
+            );
             let act = push(
                 &mut body,
                 activation(cfg, "hidden_act", act_name, "mlp.act_fn")?,
@@ -939,7 +1001,13 @@ fn finish_layer(
         "mlp_residual_multiplier",
         prev,
     );
-    push(&mut body, add("residual2", &residual1, &prev));
+    if parallel {
+        // `residual + hidden_states_attention + hidden_states_mlp`, once the MLP has run.
+        let sum = push(&mut body, add("residual1", "input", &attn_out));
+        push(&mut body, add("residual2", &sum, &prev));
+    } else {
+        push(&mut body, add("residual2", &residual1, &prev));
+    }
     Ok(body)
 }
 

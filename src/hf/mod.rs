@@ -73,6 +73,8 @@ const LLAMA: DecoderFamily = DecoderFamily {
     softcap: None,
     rotary_local: false,
     mla: false,
+    rotary_upcast: false,
+    logit_scale: None,
 };
 
 /// The Llama-style decoder families, one row each: the defaults of the transformers config
@@ -233,6 +235,21 @@ const DECODERS: &[DecoderFamily] = &[
         mlp_bias: false,
         mla: true,
         moe: Moe::Deepseek { v3: true },
+        ..LLAMA
+    },
+    // CohereConfig / modeling_cohere.py (Command-R): one bias-free `CohereLayerNorm` feeding
+    // attention and MLP in parallel, rotary with interleaved halves on float32 Q and K, tied
+    // embeddings, the logits times `logit_scale`.
+    DecoderFamily {
+        model_type: "cohere",
+        arch_prefix: "cohere",
+        max_positions: 8192,
+        tie: true,
+        mlp_bias: false,
+        norm: Norm::Cohere,
+        placement: NormPlacement::Parallel,
+        rotary_upcast: true,
+        logit_scale: Some(0.0625),
         ..LLAMA
     },
     DecoderFamily {

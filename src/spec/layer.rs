@@ -364,7 +364,8 @@ pub enum CombineKind {
 }
 
 /// The `style` key: which implementation a layer follows. `rmsnorm` takes `llama` (default),
-/// `t5`, `gemma` or `olmo2`; `attention` takes `transformers` (default) or `torch`.
+/// `t5`, `gemma` or `olmo2`; `layernorm` takes `cohere`; `attention` takes `transformers`
+/// (default) or `torch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Style {
@@ -376,6 +377,8 @@ pub enum Style {
     Gemma,
     /// `Olmo2RMSNorm`.
     Olmo2,
+    /// `CohereLayerNorm` (a `layernorm` written out in float32, weight only).
+    Cohere,
     /// transformers' attention modules.
     Transformers,
     /// `torch.nn.MultiheadAttention`.
@@ -391,6 +394,7 @@ impl Style {
             Style::T5 => "t5",
             Style::Gemma => "gemma",
             Style::Olmo2 => "olmo2",
+            Style::Cohere => "cohere",
             Style::Transformers => "transformers",
             Style::Torch => "torch",
         }

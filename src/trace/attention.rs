@@ -356,24 +356,30 @@ impl Tracer<'_> {
     /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
     /// shared `cos`/`sin` tables; the result is a new tensor in the input's (dense) layout.
     /// With float32 tables and a 16-bit `q` (OLMo-2) the products and their sum are float32
-    /// temporaries, and the result is cast back to `q`'s dtype.
+    /// temporaries, and the result is cast back to `q`'s dtype; with `upcast` (Cohere) `q` is
+    /// first copied to float32 and everything up to the cast back is float32.
     pub(super) fn rope_apply(&mut self, t: ValueId, rope: Rope) -> Result<ValueId, Error> {
         let Rope {
             cos,
             sin,
             concat,
             tables_f32,
+            upcast,
         } = rope;
         let tv = self.val(t).clone();
-        let wide = if tables_f32 {
+        let wide = if tables_f32 || upcast {
             promote(tv.dtype, DType::Float32)
         } else {
             tv.dtype
         };
         let mut allocs = Vec::new();
+        if upcast && wide != tv.dtype {
+            allocs.push(self.storage(&tv.shape, wide, StorageKind::Activation, "q.float()")?);
+        }
+        let half_dtype = if upcast { wide } else { tv.dtype };
         for (what, dt) in [
             ("q*cos", wide),
-            ("rotate_half", tv.dtype),
+            ("rotate_half", half_dtype),
             ("rotate_half*sin", wide),
         ] {
             allocs.push(self.storage(&tv.shape, dt, StorageKind::Activation, what)?);

@@ -347,6 +347,34 @@ impl Tracer<'_> {
         }
     }
 
+    /// transformers' `CohereLayerNorm` (`models/cohere/modeling_cohere.py`), op by op:
+    /// `h = x.to(float32)` (a copy for 16-bit input, kept by nothing), `mean = h.mean(-1)`,
+    /// `d = h - mean` (kept by `pow`), `var = d.pow(2).mean(-1)`, `r = rsqrt(var + eps)` (kept,
+    /// `[.., 1]`), `n = (h - mean) * r` (a second difference, kept with `r` by `mul`),
+    /// `w.to(float32) * n` (keeps both), cast back to the input dtype. `sub.Tensor` saves
+    /// nothing (`derivatives.yaml`), as `add` does, so the differences are traced as `add`.
+    pub(super) fn cohere_layer_norm(&mut self, x: ValueId, w: ValueId) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let h = self.upcast_f32(x)?;
+        let hv = self.val(h).clone();
+        let stat = |t: &mut Self, of: ValueId, what: &'static str| -> Result<ValueId, Error> {
+            let m = t.fresh(xv.shape.with_last(1), hv.dtype, what, hv.requires_grad)?;
+            t.call(Call::new(AtenOp::Mean, vec![of], vec![m]))?;
+            Ok(m)
+        };
+        let mean = stat(self, h, "mean")?;
+        let centred = self.add(&[h, mean], false)?;
+        let sq = self.unary(centred, AtenOp::Pow)?;
+        let var = stat(self, sq, "variance")?;
+        let var_eps = self.unary(var, AtenOp::AddScalar)?;
+        let r = self.unary(var_eps, AtenOp::Rsqrt)?;
+        let centred2 = self.add(&[h, mean], false)?;
+        let normed = self.mul(centred2, r)?;
+        let wf = self.upcast_f32(w)?;
+        let out = self.mul(wf, normed)?;
+        self.cast(out, xv.dtype)
+    }
+
     /// Cross-entropy: `log_softmax` keeps its result, `nll_loss` keeps the labels
     /// (`derivatives.yaml` `_log_softmax`, `nll_loss_forward`). Logits `[N, C]` have labels `[N]`
     /// and `[batch, seq, vocab]` labels `[batch, seq]` (transformers flattens them to

@@ -928,6 +928,8 @@ struct Rope {
     concat: bool,
     /// Float32 tables whatever the activation dtype (OLMo-2): rotated in float32, cast back.
     tables_f32: bool,
+    /// Q and K rotated in float32 against tables in the activation dtype (Cohere).
+    upcast: bool,
 }
 
 /// Type promotion of the operands of a binary elementwise operator (`torch.result_type` for

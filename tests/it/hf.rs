@@ -17,6 +17,10 @@ use crate::reference::{
 /// `architectures` names (counted on the meta device; tied weights once).
 const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/llama-2-7b.json", 6_738_415_616),
+    // CohereForAI/c4ai-command-r-v01 (CohereForCausalLM): per layer q, k, v, o 4·8192² + MLP
+    // 3·8192·22528 + one bias-free LayerNorm 8192 = 822_091_776, times 40; tied embedding
+    // 256000·8192; final norm 8192 (transformers 5.24 on the meta device).
+    ("examples/hf/c4ai-command-r-v01.json", 34_980_831_232),
     ("examples/hf/llama-3-8b.json", 8_030_261_248),
     ("examples/hf/mistral-7b-v0.1.json", 7_241_732_096),
     ("examples/hf/mixtral-8x7b.json", 46_702_792_704),
@@ -593,6 +597,57 @@ fn missing_field_is_named() {
     let err = fails(&[f.arg()]);
     assert!(err.contains("`hidden_size`"), "{err}");
     assert!(err.contains(f.arg()), "the message names the file: {err}");
+}
+
+#[test]
+fn cohere_parallel_block_and_refusals() {
+    // One bias-free CohereLayerNorm feeding attention and the MLP; the logits scaled.
+    let t = printed(&["tests/fixtures/hf/cohere_tiny.json"]);
+    let top = layers(&t);
+    let body: Vec<toml::Table> = top
+        .iter()
+        .find(|l| l["kind"].as_str() == Some("repeat"))
+        .and_then(|l| l["layers"].as_array())
+        .unwrap()
+        .iter()
+        .map(|v| v.as_table().unwrap().clone())
+        .collect();
+    let norms: Vec<&toml::Table> = body
+        .iter()
+        .filter(|l| l["kind"].as_str() == Some("layernorm"))
+        .collect();
+    assert_eq!(norms.len(), 1);
+    assert_eq!(norms[0]["style"].as_str(), Some("cohere"));
+    let gate = body
+        .iter()
+        .find(|l| l["name"].as_str() == Some("mlp.gate_proj"))
+        .unwrap();
+    assert_eq!(
+        gate["inputs"].as_array().unwrap()[0].as_str(),
+        Some("input_layernorm")
+    );
+    let scale = top
+        .iter()
+        .find(|l| l["name"].as_str() == Some("logit_scale"))
+        .unwrap();
+    assert_eq!(scale["factor"].as_float(), Some(0.0625));
+
+    let f = TempModel::new(
+        "json",
+        r#"{"model_type": "cohere", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "use_qk_norm": true}"#,
+    );
+    let err = fails(&[f.arg()]);
+    assert!(err.contains("`use_qk_norm = true`"), "{err}");
+    let f = TempModel::new(
+        "toml",
+        "[input]\nshape = [8]\n[[layers]]\nkind = \"layernorm\"\nstyle = \"cohere\"\nbias = true\n",
+    );
+    let err = fails(&[f.arg()]);
+    assert!(
+        err.contains("`style = \"cohere\"` has a weight and no bias"),
+        "{err}"
+    );
 }
 
 #[test]

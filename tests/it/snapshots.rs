@@ -161,6 +161,7 @@ mod example {
         hf_siglip_base_patch16_224_text => "examples/hf/siglip-base-patch16-224-text.json",
         hf_gemma_3_1b_pt => "examples/hf/gemma-3-1b-pt.json",
         hf_deepseek_v3 => "examples/hf/deepseek-v3.json",
+        hf_c4ai_command_r_v01 => "examples/hf/c4ai-command-r-v01.json",
     }
 }
 
@@ -293,6 +294,7 @@ mod print_model {
         hf_gemma_2_2b => ["--print-model", "examples/hf/gemma-2-2b.json"],
         hf_qwen3_30b_a3b => ["--print-model", "examples/hf/qwen3-30b-a3b.json"],
         hf_t5_small => ["--print-model", "examples/hf/t5-small.json"],
+        hf_c4ai_command_r_v01 => ["--print-model", "examples/hf/c4ai-command-r-v01.json"],
     }
 }
 

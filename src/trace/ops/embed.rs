@@ -204,6 +204,7 @@ impl Tracer<'_> {
             sin,
             concat: c.concat,
             tables_f32: c.tables_f32,
+            upcast: c.upcast,
         });
         if c.local {
             self.rope_local = rope;

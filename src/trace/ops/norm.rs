@@ -101,6 +101,10 @@ impl Tracer<'_> {
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let h = self.last_dim(&xv, "layernorm")?;
+        if c.cohere {
+            let w = self.param(Shape::from([h]), train)?;
+            return self.cohere_layer_norm(x, w);
+        }
         let xin = if self.autocast_f32_norms() || c.upcast {
             self.upcast_f32(x)?
         } else {
