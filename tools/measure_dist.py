@@ -77,6 +77,20 @@ checkpointing, mode) plus
                "names": {...}}   (DTensor tensor parallel, tp size = world_size; module names are
                Llama's unless "names" overrides them: layers, embed, head, final_norm, colwise,
                rowwise, norms, gather; see wrap())
+            | {"kind": "pp", "schedule": "gpipe|1f1b|interleaved", "micro_batches": int,
+               "virtual_stages": int (interleaved only, default 2)}   (torch.distributed.pipelining:
+               world_size pipeline ranks; ScheduleGPipe / Schedule1F1B run one PipelineStage per
+               rank, ScheduleInterleaved1F1B `virtual_stages` per rank, stage i on rank
+               i % world_size; the decoder layers split evenly over the stages with the earlier
+               stages taking one more when they do not divide, embeddings on the first stage,
+               final norm + LM head on the last, the causal-LM loss as the schedule's loss_fn;
+               `batch` is the micro-batch, so each step runs batch * micro_batches sequences;
+               schedule.step(..., return_outputs=False) as torchtitan calls it. Per rank also
+               `pp`: the rank's stages and layers and the saved bytes per micro-batch)
+  "grad_accum": int (default 1; not with pp): micro-batches per optimizer step, each a forward
+               and a backward of `batch` sequences, gradients accumulated (FSDP2 and DDP
+               reduce every micro-batch, as with no_sync / set_requires_gradient_sync left on);
+               `saved_activations` is then the last micro-batch's
             | {"kind": "deepspeed", "stage": 0-3, "bf16": bool, "config": {...merged into the
                DeepSpeed config, e.g. zero_optimization bucket sizes}}
   "warmup": int, "repeat": int, "tracker": bool, "timeline": bool (default true)
@@ -324,6 +338,86 @@ def wrap(case, model, rank, world):
         info["tp_plan"] = {k: type(v).__name__ for k, v in plan.items()}
         return model, list(model.parameters()), info
     raise ValueError(f"unknown parallel kind {kind}")
+
+
+# ----------------------------------------------------------------------------- pipeline parallel
+# The micro-batch being forwarded (pipeline cases): a storage freed after one micro-batch's
+# backward can come back at the same address for a later one (1F1B), so saved tensors are keyed
+# by micro-batch as well as by storage.
+MICRO_BATCH = [0]
+
+
+class LlamaStage(nn.Module):
+    """One pipeline stage of an HF Llama-style causal LM: what LlamaModel.forward runs for the
+    layers [lo, hi), with the embeddings on the first stage and the final norm + LM head on the
+    last (the loss is the schedule's loss_fn). Each stage builds its own rotary tables and runs
+    attention without a mask (SDPA's causal path, as LlamaModel does without padding)."""
+
+    def __init__(self, model, lo, hi, first, last):
+        super().__init__()
+        self.first, self.last = first, last
+        self.embed_tokens = model.model.embed_tokens if first else None
+        self.rotary_emb = model.model.rotary_emb
+        self.layers = nn.ModuleList(model.model.layers[lo:hi])
+        self.norm = model.model.norm if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x):
+        # a new micro-batch: saved tensors are told apart per micro-batch (see `pack`)
+        MICRO_BATCH[0] += 1
+        h = self.embed_tokens(x) if self.first else x
+        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        pe = self.rotary_emb(h, position_ids=pos)
+        for layer in self.layers:
+            h = layer(h, attention_mask=None, position_embeddings=pe, position_ids=pos, use_cache=False)
+        if self.last:
+            h = self.lm_head(self.norm(h))
+        return h
+
+
+def stage_bounds(n_layers, stages, s):
+    """Layers [lo, hi) of stage s: n_layers split evenly, the first n_layers % stages stages one more."""
+    q, r = divmod(n_layers, stages)
+    lo = s * q + min(s, r)
+    return lo, lo + q + (1 if s < r else 0)
+
+
+def pipeline(case, model, rank, world):
+    """The rank's pipeline stages (one, or `virtual_stages` under the interleaved schedule: stage
+    k·world + rank for k in 0..V) and the schedule that runs them."""
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    spec = case["parallel"]
+    schedule = spec.get("schedule", "1f1b")
+    v = spec.get("virtual_stages", 2) if schedule == "interleaved" else 1
+    n_stages = world * v
+    n = model.config.num_hidden_layers
+    vocab = model.config.vocab_size
+    m = spec["micro_batches"]
+    loss = lambda out, y: ForCausalLMLoss(out, y, vocab)
+    mods, stages, chunks = [], [], []
+    for k in range(v):
+        idx = k * world + rank
+        lo, hi = stage_bounds(n, n_stages, idx)
+        first, last = idx == 0, idx == n_stages - 1
+        mod = LlamaStage(model, lo, hi, first, last)
+        mods.append(mod)
+        stages.append(PipelineStage(mod, idx, n_stages, torch.device("cpu")))
+        chunks.append({"stage": idx, "layers": [lo, hi], "first": first, "last": last})
+    if schedule == "interleaved":
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss)
+    else:
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        sched = kind(stages[0], n_microbatches=m, loss_fn=loss)
+    module = mods[0] if v == 1 else nn.ModuleList(mods)
+    info = {"pp": dict(chunks[0], schedule=schedule, micro_batches=m)}
+    if v > 1:
+        info["pp"] = {"stage": rank, "layers": [c["layers"] for c in chunks], "chunks": chunks,
+                      "first": chunks[0]["first"], "last": chunks[-1]["last"], "schedule": schedule,
+                      "micro_batches": m, "virtual_stages": v}
+    return module, sched, info
 
 
 def deepspeed_engine(case, model, batch):
@@ -642,7 +736,22 @@ def worker(rank, case, world, port, outdir):
     t_build = time.time()
 
     engine = None
-    if kind == "deepspeed":
+    sched = None
+    if kind == "pp":
+        # the whole step's batch: `batch` sequences per micro-batch
+        m = spec["micro_batches"]
+        ids = kwargs["input_ids"].repeat(m, 1)
+        labels = ids.clone()
+        module, sched, info = pipeline(case, model, rank, world)
+        del model
+        args = (ids,) if rank == 0 else ()
+        kwargs = {"labels": labels} if rank == world - 1 else {}
+        if rank != 0:
+            del ids
+        opt = make_optimizer(case, module.parameters())
+        inner_opt = opt
+        params_module = module
+    elif kind == "deepspeed":
         engine, info = deepspeed_engine(case, model, case["batch"])
         module, opt = engine, None
         inner_opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
@@ -673,7 +782,7 @@ def worker(rank, case, world, port, outdir):
         if key in param_keys or is_param_like(t):
             saved_params[key] = key[1]
         elif key not in input_keys:
-            saved[key] = key[1]
+            saved[(MICRO_BATCH[0],) + key] = key[1]
         return t
 
     def step(record):
@@ -687,21 +796,44 @@ def worker(rank, case, world, port, outdir):
         if opt is not None:
             with record_function("phase:zero_grad"):
                 opt.zero_grad(set_to_none=True)
-        with record_function("phase:forward"), ctx_amp, hooks:
-            out = module(*args, **kwargs)
-            loss = loss_fn(out)
-        losses.append(float(local(loss).detach().float()))
-        with record_function("phase:backward"):
-            if engine is not None:
-                engine.backward(loss)
-            else:
-                loss.backward()
+        if sched is not None:
+            # forward and backward interleave inside the schedule: one phase for both
+            with record_function("phase:pipeline"), ctx_amp, hooks:
+                pl = []
+                if rank == world - 1:
+                    sched.step(*args, target=kwargs["labels"], losses=pl, return_outputs=False)
+                else:
+                    sched.step(*args, return_outputs=False)
+            if pl:
+                losses.append(float(sum(x.detach().float() for x in pl) / len(pl)))
+            with record_function("phase:optimizer"):
+                opt.step()
+            return
+        for mb in range(accum):
+            if record and mb == accum - 1:
+                saved.clear()  # the last micro-batch's saved tensors
+            with record_function("phase:forward" if mb == accum - 1 else f"phase:forward{mb}"), ctx_amp, hooks:
+                out = module(*args, **kwargs)
+                loss = loss_fn(out)
+                if accum > 1:
+                    loss = loss / accum
+            losses.append(float(local(loss).detach().float()))
+            with record_function("phase:backward" if mb == accum - 1 else f"phase:backward{mb}"):
+                if engine is not None:
+                    engine.backward(loss)
+                else:
+                    loss.backward()
+            if mb < accum - 1:  # the loop drops a micro-batch's output and loss before the next
+                del out, loss
         with record_function("phase:optimizer"):
             if engine is not None:
                 engine.step()
             elif opt is not None:
                 opt.step()
 
+    accum = case.get("grad_accum", 1)
+    if accum > 1 and kind in ("pp", "deepspeed"):
+        raise ValueError("grad_accum is for the torch engines (pp has micro_batches)")
     warm_times = []
     losses = []
     for _ in range(case.get("warmup", 2)):
@@ -762,7 +894,7 @@ def worker(rank, case, world, port, outdir):
             step(True)
         t1 = time.time()
         _, post_ptrs = known_live()
-        saved_ptrs = {k[0] for k in saved} | {k[0] for k in saved_params}
+        saved_ptrs = {k[-2] for k in saved} | {k[0] for k in saved_params}
         rec = {"allocator": allocator_figures(prof, pre_ptrs, saved_ptrs, post_ptrs)}
         pre_ptrs = post_ptrs
         if case.get("timeline", True) and rep == 0:
@@ -909,6 +1041,9 @@ def worker(rank, case, world, port, outdir):
                     "warmup_steps": [round(x, 3) for x in warm_times], "measured": profiles_t,
                     "total": round(time.time() - t_start, 3)},
     }
+    if kind == "pp":
+        rec["pp"] = info["pp"]
+        rec["pp"]["saved_activations_bytes_per_micro_batch"] = steps[0]["saved_activations_bytes"] // spec["micro_batches"]
     if kind == "ddp":
         try:
             ld = module._get_ddp_logging_data()

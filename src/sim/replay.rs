@@ -196,10 +196,18 @@ impl<'a> Replay<'a> {
 
     /// Reduces unit `u`'s gradients to this rank's shard: the whole ones are freed, the shard
     /// stays (unless it lands in a buffer counted from the start). `fresh`: the parameters whose
-    /// `.grad` this backward created and still holds whole. A gradient added into a carried
-    /// `.grad` (gradient accumulation) or applied in backward (`--optim-in-backward`) was a
-    /// transient at its step, and the shard it adds into is already counted.
-    fn reduce_unit(&mut self, u: usize, fresh: &TiVec<ValueId, bool>, layer: Option<LayerId>) {
+    /// `.grad` this backward created and still holds whole; `sharded`: those of them whose
+    /// shard a previous micro-batch left (gradient accumulation), which the reduced shard is
+    /// added into (FSDP2 `foreach_reduce`: `sharded_param.grad += new_sharded_grad`; the
+    /// reduce-scatter output is shard-sized, smaller than the whole gradients freed before it,
+    /// so it makes no new peak), so no shard is added. A gradient applied in backward
+    /// (`--optim-in-backward`) was a transient at its step.
+    fn reduce_unit(
+        &mut self,
+        u: usize,
+        (fresh, sharded): (&TiVec<ValueId, bool>, &TiVec<ValueId, bool>),
+        layer: Option<LayerId>,
+    ) {
         let Some(d) = self.dist else { return };
         let Reduce::PerUnit { into_buffer } = d.reduce else {
             return;
@@ -217,7 +225,7 @@ impl<'a> Replay<'a> {
         for &(v, whole, shard) in &d.units[u].grads {
             if fresh.get(v).copied().unwrap_or(false) {
                 self.sub(Category::Gradients, whole);
-                if !into_buffer {
+                if !into_buffer && !sharded.get(v).copied().unwrap_or(false) {
                     self.add(Category::Gradients, shard);
                 }
             }
@@ -568,6 +576,19 @@ impl<'a> Replay<'a> {
         let mut has_grad: TiVec<ValueId, bool> =
             accumulate.map_or_else(|| ti_vec![false; tape.values.len()], Clone::clone);
         let mut fresh: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
+        // Parameters whose gradient is reduced to a shard with their unit (FSDP2, ZeRO-3):
+        // after the reduction the whole `.grad` is gone (FSDP2 `FSDPParam.reduce_scatter_grad`
+        // ... `unsharded_param.grad = None`; ZeRO-3 `partition_grads` frees `param.grad`), so a
+        // later micro-batch makes it whole again, kept until the unit's reduction.
+        let mut sharded: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
+        let per_unit: HashSet<ValueId> = match self.dist {
+            Some(d) if matches!(d.reduce, Reduce::PerUnit { .. }) => d
+                .units
+                .iter()
+                .flat_map(|u| u.grads.iter().map(|&(v, _, _)| v))
+                .collect(),
+            _ => HashSet::new(),
+        };
         let mut gradient_bytes = 0u64;
         let mut applied = 0u64;
         let seg_by_end: HashMap<usize, SegmentId> = tape
@@ -656,13 +677,18 @@ impl<'a> Replay<'a> {
                         self.heap_alloc(Key::Transient, t);
                     }
                 } else if val.param {
-                    if has_grad[v] {
+                    if has_grad[v] && (fresh[v] || !per_unit.contains(&v)) {
                         transient = transient.saturating_add(bytes);
                         self.heap_alloc(Key::Transient, bytes);
                     } else {
+                        if has_grad[v] {
+                            // A carried shard: this micro-batch's whole gradient is new.
+                            sharded[v] = true;
+                        } else {
+                            gradient_bytes = gradient_bytes.saturating_add(bytes);
+                        }
                         has_grad[v] = true;
                         fresh[v] = true;
-                        gradient_bytes = gradient_bytes.saturating_add(bytes);
                         if grads_in_backward {
                             self.add(Category::Gradients, bytes);
                         }
@@ -736,7 +762,7 @@ impl<'a> Replay<'a> {
             for (u, unit) in units.iter().enumerate().rev() {
                 if unit.steps.start == i {
                     self.release(u);
-                    self.reduce_unit(u, &fresh, Some(tape.steps[i].layer));
+                    self.reduce_unit(u, (&fresh, &sharded), Some(tape.steps[i].layer));
                 }
             }
         }

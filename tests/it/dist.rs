@@ -4,7 +4,10 @@
 //! `dist-cases-cli.json` says how each case is asked of memest. `extra-reference-dist.json` holds
 //! more plans measured the same way (`tools/dist_cases.json`: DDP with
 //! `gradient_as_bucket_view`, FSDP2 without `reshard_after_forward`, FSDP2 with a bfloat16
-//! `MixedPrecisionPolicy`, world 4), with the same checks.
+//! `MixedPrecisionPolicy`, world 4; FSDP2 with two micro-batches of gradient accumulation
+//! (`"grad_accum": 2`, saved activations of the last micro-batch), with and without
+//! `reshard_after_forward`; a three-layer MLP under one FSDP2 unit with and without
+//! accumulation), with the same checks.
 //!
 //! Per case, the rank with the largest peak is compared:
 //! - model states to the byte: parameters (this rank's shard), optimizer state, master weights
@@ -218,4 +221,38 @@ proptest::proptest! {
         proptest::prop_assert_eq!(parts, r.peak_bytes);
         proptest::prop_assert_eq!(p.comm_buffers_bytes, r.category_max.comm_buffers_bytes);
     }
+}
+
+/// FSDP2 with gradient accumulation: after a unit's reduce-scatter its whole gradients are
+/// gone (`unsharded_param.grad = None`) and only the shard stays as `.grad`, so the second
+/// micro-batch makes the whole gradients again and holds them until the unit's next
+/// reduce-scatter, beside the carried shard (`foreach_reduce` then adds the new shard into
+/// it). Two linears under one unit (the root), float32, 8,005,000 parameters over 2 ranks:
+/// the whole gradients (32,020,000 B) with the carried shard (16,010,000 B) at the end of the
+/// second backward; one micro-batch holds the whole gradients only.
+#[test]
+fn fsdp_accumulation_remakes_whole_gradients() {
+    let at = |accum: &str| {
+        report(&[
+            "tests/fixtures/dist/two_linears.toml",
+            "--batch",
+            "1",
+            "--optim",
+            "sgd",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--gpus",
+            "2",
+            "--fsdp",
+            "full-shard",
+            "--grad-accum",
+            accum,
+        ])
+    };
+    assert_eq!(u(&at("1")["category_max"], "gradients_bytes"), 32_020_000);
+    let two = at("2");
+    assert_eq!(u(&two["category_max"], "gradients_bytes"), 48_030_000);
+    assert_eq!(u(&two, "gradients_bytes"), 16_010_000);
 }
