@@ -5,7 +5,7 @@
 //! checks happen when the model is traced with concrete settings ([`crate::trace`]).
 //!
 //! Each layer kind is declared once: a config struct in this module's family files (`linear`,
-//! `conv`, `norm`, `embed`, `view`, `pool`, `resize`, `pointwise`, `attention`), which documents the kind,
+//! `conv`, `norm`, `embed`, `view`, `pool`, `resize`, `rnn`, `pointwise`, `attention`), which documents the kind,
 //! reads its keys through a `KeyReader` (`keys`) (so the keys it reads are the keys it accepts)
 //! and is what [`Op`] carries to the tracer.
 
@@ -18,6 +18,7 @@ mod norm;
 mod pointwise;
 mod pool;
 mod resize;
+mod rnn;
 mod view;
 
 use std::collections::{HashMap, HashSet};
@@ -35,6 +36,7 @@ pub use pointwise::{
 };
 pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
 pub use resize::{PadCfg, UpsampleCfg, UpsampleTo};
+pub use rnn::{RnnCell, RnnCfg};
 pub use view::{FlattenCfg, NarrowCfg, PermuteCfg, ReshapeCfg, SelectCfg, TransposeCfg};
 
 use crate::dtype::DType;
@@ -181,6 +183,8 @@ pub enum Op {
     Moe(MoeCfg),
     /// `mla` (multi-head latent attention).
     Mla(MlaCfg),
+    /// `lstm`, `gru`.
+    Rnn(RnnCfg),
     /// `stochastic_depth`.
     StochasticDepth(StochasticDepthCfg),
     /// T5's `_shift_right` of the labels: a new int64 tensor of the input's shape (the
@@ -549,6 +553,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::RelativePositionBias => Op::RelativePositionBias(RelativePositionBiasCfg::read(r)?),
         K::Moe => Op::Moe(MoeCfg::read(r)?),
         K::Mla => Op::Mla(MlaCfg::read(r)?),
+        K::Lstm | K::Gru => Op::Rnn(RnnCfg::read(r)?),
         K::StochasticDepth => Op::StochasticDepth(StochasticDepthCfg::read(r)?),
         K::ShiftRight => {
             r.finish()?;

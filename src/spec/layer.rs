@@ -88,6 +88,19 @@ pub struct LayerSpec {
     pub pad: Option<Vec<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
+    // recurrent layers (lstm, gru)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_layers: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bidirectional: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_first: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proj_size: Option<u64>,
     // norms
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_features: Option<u64>,
@@ -502,6 +515,8 @@ layer_kinds! {
     RelativePositionBias => "relative_position_bias",
     Moe => "moe" | "mixture_of_experts",
     Mla => "mla" | "latent_attention",
+    Lstm => "lstm",
+    Gru => "gru",
     StochasticDepth => "stochastic_depth",
     ShiftRight => "shift_right",
     Scale => "scale",

@@ -731,6 +731,77 @@ fn narrow() {
 /// (`memest::graph::kind_keys`): every key of a kind appears in its row, and a row names no key
 /// that only other kinds take.
 #[test]
+fn lstm_onednn_workspace() {
+    // nn.LSTM(5, 4, num_layers=2, bidirectional=True, batch_first=True) on [2, 3, 5]: on the CPU
+    // in float32 `mkldnn_rnn` calls `mkldnn_rnn_layer` per layer and direction (T = 3, N = 2).
+    // - the batch-first input copied sequence-major: 3·2·5·4 = 120;
+    // - the zero initial states h0 and c0, [4, 2, 4] each: 2·128 = 256;
+    // - per layer and direction the output [3, 2, 4] (96), hy and cy [2, 4] (32 + 32) and
+    //   oneDNN's workspace (`onednn_lstm_workspace`: 7 page-aligned parts, 28,672 B for layer 0
+    //   with I = 5, and for layer 1 with I = 8): 4·(160 + 28,672) = 115,328;
+    // - layer 1's input, the directions concatenated [3, 2, 8]: 192.
+    // 120 + 256 + 115,328 + 192 = 115,896. Measured with PyTorch 2.15: 115,896.
+    // Parameters: per direction 16·5 + 16·4 + 16 + 16 = 176 (layer 0) and 16·8 + 64 + 32 = 224
+    // (layer 1): 2·(176 + 224) = 800 (measured: 800).
+    let v = check("lstm", &[], 115_896, 800);
+    assert_eq!(v["layers"][0]["output_shape"], serde_json::json!([2, 3, 8]));
+    // bfloat16: the workspace's state parts shrink (gradient parts stay float32), every tensor
+    // halves. Measured: 115,292.
+    check("lstm", &["--dtype", "bfloat16"], 115_292, 800);
+}
+
+#[test]
+fn lstm_with_projection_runs_aten_cells() {
+    // nn.LSTM(5, 6, proj_size=3, batch_first=True) on [2, 3, 5]: oneDNN has no projection, so
+    // ATen's LSTMCell runs per step (T = 3, N = 2, H = 6, R = 3), float32.
+    // - `linear_ih` over the sequence keeps its input, the batch-first input copied: 120;
+    // - h0 [1, 2, 3] (24) and c0 [1, 2, 6] (48), kept by the first step;
+    // - per step the gates [2, 24] (192), tanh(cy) [2, 6] (48) and the unprojected hy [2, 6]
+    //   (48, kept by `matmul_hr`): 3·288 = 864;
+    // - the cy (48) and the projected hy (24) of the first two steps, kept by the next: 144.
+    // 120 + 72 + 864 + 144 = 1,200. Measured with PyTorch 2.15: 1,200 (bfloat16: 600).
+    // Parameters: 24·5 + 24·3 + 24 + 24 + 3·6 = 258 (measured: 258).
+    check("lstm_proj", &[], 1_200, 258);
+    check("lstm_proj", &["--dtype", "bfloat16"], 600, 258);
+}
+
+#[test]
+fn gru_runs_aten_cells() {
+    // nn.GRU(5, 4, num_layers=2, bidirectional=True, batch_first=True) on [2, 3, 5], CPU:
+    // ATen's GRUCell per step (T = 3, N = 2, H = 4), float32.
+    // - layer 0's `linear_ih` copies the batch-first input for each direction: 2·120 = 240;
+    // - h0 [4, 2, 4]: 128;
+    // - per layer, direction and step the hidden gates [2, 12] (96), the clone of their new
+    //   part, the new gate and the clone of `hx − n` ([2, 4] each, 3·32): 192;
+    //   4·3·192 = 2,304;
+    // - the first two steps' outputs, kept by the next step's `addmm`: 4·2·32 = 256;
+    // - layer 1's input [3, 2, 8]: 192.
+    // 240 + 128 + 2,304 + 256 + 192 = 3,120. Measured with PyTorch 2.15: 3,120 (bfloat16:
+    // 1,560). Parameters: 2·(12·5 + 12·4 + 24) + 2·(12·8 + 48 + 24) = 600 (measured: 600).
+    check("gru", &[], 3_120, 600);
+    check("gru", &["--dtype", "bfloat16"], 1_560, 600);
+    // nn.GRU(5, 4, bias=False) reading [2, 3, 5] sequence-first (T = 2, N = 3): the input is
+    // contiguous, `mm` keeps it as it is (the batch, not counted); h0 [1, 3, 4] (48); per step
+    // 2·(3·12·4 + 3·48) = 576; the first step's output 48. 672 (measured: 672; bfloat16: 336).
+    let v = check("gru_seq_first", &[], 672, 108);
+    assert_eq!(v["layers"][0]["output_shape"], serde_json::json!([2, 3, 4]));
+    check("gru_seq_first", &["--dtype", "bfloat16"], 336, 108);
+}
+
+#[test]
+fn lstm_and_gru_on_cuda_keep_the_cudnn_reserve() {
+    // `_cudnn_rnn` keeps its input (the batch), h0 [4, 2, 4] (128), c0 (128), the output
+    // [3, 2, 8] (192) and the reserve, sized by `cudnn_reserve_elements` (an approximation:
+    // cuDNN's size is not public): 4 layer-directions · 3 steps · 2 rows · (5·4 + 4) · 4 B =
+    // 2,304. 128 + 128 + 192 + 2,304 = 2,752. Not measured (PyTorch's meta kernel gives the
+    // reserve 0 bytes, so a fake-tensor run cannot show it).
+    let cuda = |fixture: &str| report(&[format!("tests/fixtures/kinds/{fixture}.toml").as_str()]);
+    assert_eq!(u(&cuda("lstm"), "activations_bytes"), 2_752);
+    // GRU: h0 128, output 192, reserve 4·3·2·(5·4)·4 = 1,920: 2,240.
+    assert_eq!(u(&cuda("gru"), "activations_bytes"), 2_240);
+}
+
+#[test]
 fn readme_lists_the_keys_each_kind_reads() {
     use memest::graph::kind_keys;
     use memest::spec::LayerKind;

@@ -177,6 +177,25 @@ pub enum AtenOp {
     PadCircular,
     /// `_scaled_dot_product_flash_attention(query, key, value, …)` (and its `_for_cpu` form).
     FlashAttention,
+    /// `mkldnn_rnn_layer(input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, …)`: one
+    /// layer and direction of an LSTM on the CPU through oneDNN (`aten/src/ATen/native/mkldnn/
+    /// RNN.cpp`); results: output, `hy`, `cy` and, under grad mode, oneDNN's `workspace` (uint8).
+    MkldnnRnnLayer,
+    /// `_cudnn_rnn(input, weight, weight_stride0, weight_buf, hx, cx, …)` of a GRU (no `cx`):
+    /// every layer and direction in one cuDNN call; results: output, `hy`, `cy`, the `reserve`
+    /// buffer and the flat weight buffer.
+    CudnnRnn,
+    /// `_cudnn_rnn` of an LSTM, with its cell state `cx`.
+    CudnnLstm,
+    /// Composite: one time step of ATen's `GRUCell` on the CPU (`aten/src/ATen/native/RNN.cpp`,
+    /// the input projection computed beforehand for the whole sequence): `linear_hh(hx)` into
+    /// hidden gates, `sigmoid_` of the reset and update gates (in place, in the hidden gates),
+    /// `mul_` of the new gate's hidden part by the reset gate (keeping a clone of it), `tanh_`
+    /// of the new gate, `(hx − n).mul_(z)` (keeping a clone of the difference), `add_(n)`.
+    GruCell,
+    /// Composite: one time step of ATen's `LSTMCell` on the CPU: `linear_hh(hx).add_(input
+    /// gates)`, the four gate activations in place, `cy = f·cx + i·g`, `hy = o·tanh(cy)`.
+    LstmCell,
     /// Composite: MoE dispatch (`argsort` of the routed experts, the gather of the token rows
     /// and the group offsets), keeping the permutation, its `// k`, its inverse and the offsets.
     MoeDispatch,
@@ -299,6 +318,10 @@ impl AtenOp {
             AtenOp::ReplicationPad3d => "replication_pad3d",
             AtenOp::PadCircular => "_pad_circular",
             AtenOp::FlashAttention => "_scaled_dot_product_flash_attention",
+            AtenOp::MkldnnRnnLayer => "mkldnn_rnn_layer",
+            AtenOp::CudnnRnn | AtenOp::CudnnLstm => "_cudnn_rnn",
+            AtenOp::GruCell => "GRUCell",
+            AtenOp::LstmCell => "LSTMCell",
             AtenOp::MoeDispatch => "moe_dispatch",
             AtenOp::GroupLimitedTopk => "group_limited_topk",
             AtenOp::RotaryTables => "rotary_embedding",
@@ -648,6 +671,71 @@ impl AtenOp {
                     Output(0),
                     Aux(0),
                 ]),
+            ),
+            // Every input and result but `hy`/`cy` is passed to the backward
+            // (`mkldnn_rnn_layer_backward`): the input, the four weights (the biases, or the
+            // zeros `mkldnn_rnn` passes instead of them), `hx_`, `cx_`, output, `hy`, `cy` and
+            // the workspace.
+            AtenOp::MkldnnRnnLayer => spec(
+                Some("mkldnn_rnn_layer"),
+                &[
+                    "input", "weight0", "weight1", "weight2", "weight3", "hx_", "cx_",
+                ],
+                &["result0"],
+                &["result1", "result2", "result3"],
+                SaveRule::always(&[
+                    Input(0),
+                    Input(1),
+                    Input(2),
+                    Input(3),
+                    Input(4),
+                    Input(5),
+                    Input(6),
+                    Output(0),
+                    Aux(0),
+                    Aux(1),
+                    Aux(2),
+                ]),
+            ),
+            // `_cudnn_rnn_backward(input, weight, .., result4, hx, cx, result0, .., result3)`:
+            // the weights from position 2 (`hx`, `cx` first), the reserve as auxiliary 0.
+            AtenOp::CudnnRnn => spec(
+                Some("_cudnn_rnn"),
+                &["input", "hx", "weight"],
+                &["result0"],
+                &["result3"],
+                SaveRule::always(&[Input(0), Input(1), Input(2), Output(0), Aux(0)]),
+            ),
+            AtenOp::CudnnLstm => spec(
+                Some("_cudnn_rnn"),
+                &["input", "hx", "cx", "weight"],
+                &["result0"],
+                &["result3"],
+                SaveRule::always(&[Input(0), Input(1), Input(2), Input(3), Output(0), Aux(0)]),
+            ),
+            // `addmm` keeps `hx`; `sigmoid_` keeps the hidden gates (their storage holds r and
+            // z); `mul_` keeps r and a clone of the new gate's hidden part; `tanh_` keeps n;
+            // the second `mul_` keeps z and a clone of `hx − n`.
+            AtenOp::GruCell => spec(
+                None,
+                &["hx", "input_gates", "weight_hh", "bias_hh"],
+                &["hy"],
+                &[
+                    "hidden_gates",
+                    "hidden_new_clone",
+                    "new_gate",
+                    "difference_clone",
+                ],
+                SaveRule::always(&[Input(0), Aux(0), Aux(1), Aux(2), Aux(3)]),
+            ),
+            // `addmm` keeps `hx`; the in-place activations keep the gates (one storage);
+            // `f·cx` keeps `cx`; `tanh(cy)` keeps its result (`o·tanh(cy)` reads it and o).
+            AtenOp::LstmCell => spec(
+                None,
+                &["hx", "cx", "input_gates", "weight_hh", "bias_hh"],
+                &["cy", "hy"],
+                &["gates", "tanh_cy"],
+                SaveRule::always(&[Input(0), Input(1), Aux(0), Aux(1)]),
             ),
             AtenOp::MoeDispatch => spec(
                 None,

@@ -12,6 +12,31 @@ fn all() -> impl Iterator<Item = AtenOp> {
 /// Where memest's table knowingly differs from derivatives.yaml: (operator, tensor, why).
 const KNOWN: &[(AtenOp, &str, &str)] = &[
     (
+        AtenOp::CudnnRnn,
+        "cx",
+        "a GRU has no cell state: `_cudnn_rnn` gets no `cx`",
+    ),
+    (
+        AtenOp::CudnnRnn,
+        "result4",
+        "the flat weight buffer: `nn.GRU` on CUDA passes its parameters' own buffer (`flatten_parameters`)",
+    ),
+    (
+        AtenOp::CudnnLstm,
+        "result4",
+        "the flat weight buffer: `nn.LSTM` on CUDA passes its parameters' own buffer (`flatten_parameters`)",
+    ),
+    (
+        AtenOp::CudnnRnn,
+        "dropout_state",
+        "no dropout between layers (memest's `gru` has no `dropout` key): undefined",
+    ),
+    (
+        AtenOp::CudnnLstm,
+        "dropout_state",
+        "no dropout between layers (memest's `lstm` has no `dropout` key): undefined",
+    ),
+    (
         AtenOp::NativeBatchNorm,
         "running_mean",
         "a buffer, alive all step: memest does not pass it",

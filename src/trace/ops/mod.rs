@@ -8,6 +8,7 @@ mod norm;
 mod pointwise;
 mod pool;
 mod resize;
+mod rnn;
 mod view;
 
 #[allow(clippy::wildcard_imports)]
@@ -102,6 +103,7 @@ impl Tracer<'_> {
             Op::CrossAttention(c) => self.attention(inputs[0], inputs[1], c, train),
             Op::Moe(c) => self.moe(x, c, train),
             Op::Mla(c) => self.mla(x, c, train),
+            Op::Rnn(c) => self.rnn(c, x, train),
             Op::StochasticDepth(c) => self.stochastic_depth(c, x),
             Op::ShiftRight => self.shift_right(x),
             Op::Scale(_) => self.unary(x, AtenOp::MulScalar),
