@@ -582,8 +582,9 @@ pub fn estimate(
 pub fn models_text() -> String {
     let kinds: Vec<&str> = spec::LayerKind::ALL.iter().map(|k| k.as_str()).collect();
     format!(
-        "Hugging Face configs (config.json `model_type`):\n  {}\nLayer kinds of memest files:\n  {}\n",
+        "Hugging Face configs (config.json `model_type`):\n  {}\ndiffusers configs (config.json `_class_name`):\n  {}\nLayer kinds of memest files:\n  {}\n",
         hf::supported().join(", "),
+        hf::diffusers_classes().join(", "),
         kinds.join(", ")
     )
 }

@@ -13,6 +13,13 @@ Every shape is the shape after the batch dimension. Float tensors are made in th
 them; they are the batch, left out of the saved activations like measure.py's own inputs. The
 loss is `out.loss` when the model returns one, else `out[0].sum()`.
 
+A case whose `model` is `diffusers:CLASS` builds `diffusers.CLASS.from_config(case["config"])`
+(diffusers' UNet2DConditionModel: `sample`, `timestep`, `encoder_hidden_states`; SDXL's
+`added_cond_kwargs` entries `text_embeds` and `time_ids` are named at the top level of `inputs`
+and passed on in that dict by a wrapper without parameters). Its loss is `out.sample.sum()`, or
+with `"loss": "mse"` diffusers' training scripts' `F.mse_loss(out.sample.float(),
+target.float())` against a `target` input of the output's shape.
+
 `extend(measure_module)` wraps the module's `build()`; cases without `inputs` are built as before.
 Used by tools/measure_hf.py (CPU) and tools/measure_fake_cuda.py (emulated CUDA).
 """
@@ -27,10 +34,61 @@ def _vocab(cfg):
     raise ValueError("an `ids` input without `high` needs a config with vocab_size")
 
 
+ADDED_COND = ("text_embeds", "time_ids")
+
+
+class _AddedCond(torch.nn.Module):
+    """Passes SDXL's `text_embeds` and `time_ids` to the UNet in `added_cond_kwargs`."""
+
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, text_embeds, time_ids, **kwargs):
+        return self.unet(added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, **kwargs)
+
+
+def _tensors(case, dtype, vocab=None):
+    batch = case["batch"]
+    torch.manual_seed(1)
+    kwargs = {}
+    for name, spec in case["inputs"].items():
+        if isinstance(spec, dict) and "float" in spec:
+            kwargs[name] = torch.randn(batch, *spec["float"], dtype=dtype)
+        elif isinstance(spec, dict) and "ids" in spec:
+            high = spec.get("high") or vocab()
+            kwargs[name] = torch.randint(0, high, (batch, *spec["ids"]))
+        else:
+            kwargs[name] = spec
+    return kwargs
+
+
+def _diffusers(case):
+    import diffusers
+
+    cls = getattr(diffusers, case["model"].split(":", 1)[1])
+    model = cls.from_config(case["config"])
+    if case.get("checkpointing"):
+        model.enable_gradient_checkpointing()
+    dtype = getattr(torch, case.get("dtype", "float32"))
+    kwargs = _tensors(case, dtype)
+    target = kwargs.pop("target", None)
+    if any(k in kwargs for k in ADDED_COND):
+        model = _AddedCond(model)
+    if case.get("mode", "train") == "infer":
+        return model, (lambda: ((), kwargs)), (lambda out: None)
+    if case.get("loss") == "mse":
+        return model, (lambda: ((), kwargs)), (
+            lambda out: torch.nn.functional.mse_loss(out.sample.float(), target.to(out.sample.device).float()))
+    return model, (lambda: ((), kwargs)), (lambda out: out.sample.sum())
+
+
 def extend(gt):
     build = gt.build
 
     def ours(case):
+        if case["model"].startswith("diffusers:"):
+            return _diffusers(case)
         if "inputs" not in case:
             return build(case)
         import transformers
@@ -45,18 +103,8 @@ def extend(gt):
         model = getattr(transformers, kind)(cfg)
         if case.get("checkpointing"):
             model.gradient_checkpointing_enable()
-        batch = case["batch"]
         dtype = getattr(torch, case.get("dtype", "float32"))
-        torch.manual_seed(1)
-        kwargs = {}
-        for name, spec in case["inputs"].items():
-            if isinstance(spec, dict) and "float" in spec:
-                kwargs[name] = torch.randn(batch, *spec["float"], dtype=dtype)
-            elif isinstance(spec, dict) and "ids" in spec:
-                high = spec.get("high") or _vocab(cfg)
-                kwargs[name] = torch.randint(0, high, (batch, *spec["ids"]))
-            else:
-                kwargs[name] = spec
+        kwargs = _tensors(case, dtype, lambda: _vocab(cfg))
         if case.get("mode", "train") == "infer":
             for k in ("labels", "return_loss"):
                 kwargs.pop(k, None)

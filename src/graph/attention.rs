@@ -180,8 +180,10 @@ impl AttentionCfg {
         })
     }
 
-    /// Reads a `cross_attention` layer: non-causal, one projection per input, no cache
-    /// features.
+    /// Reads a `cross_attention` layer: non-causal, one projection per input; `kv_cache`
+    /// (default true) keeps transformers' encoder-decoder cache of the projected keys and
+    /// values (T5's `EncoderDecoderCache`), false for a model that has none (diffusers'
+    /// `Attention`).
     pub(super) fn read_cross(r: &mut KeyReader<'_>) -> Result<Self, String> {
         let s = r.spec();
         let heads = r.pos(key!(s.heads));
@@ -189,6 +191,7 @@ impl AttentionCfg {
         let bias = r.or(key!(s.bias), true);
         let out_bias = r.or(key!(s.out_bias), bias);
         let dropout = r.prob(key!(s.dropout), 0.0);
+        let kv_cache = r.or(key!(s.kv_cache), true);
         r.finish()?;
         Ok(AttentionCfg {
             style: AttnStyle::Transformers,
@@ -196,7 +199,7 @@ impl AttentionCfg {
             kv_heads: heads,
             head_dim,
             causal: false,
-            kv_cache: true,
+            kv_cache,
             bias,
             out_bias,
             fused_qkv: false,

@@ -275,17 +275,18 @@ pub(super) struct ClipTowerConfig {
     pub vision_use_head: Option<bool>,
 }
 
-/// A size written as one number or as a list (`image_size: 224` or `[224, 224]`).
+/// A size written as one number or as a list (`image_size: 224` or `[224, 224]`); also a flag
+/// or value given once or per block (diffusers' `only_cross_attention: [true, false]`).
 #[derive(Debug, Default)]
-pub(super) struct OneOrTwo(pub Vec<u64>);
+pub(super) struct OneOrTwo<T = u64>(pub Vec<T>);
 
-impl<'de> Deserialize<'de> for OneOrTwo {
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrTwo<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
-        enum Either {
-            One(u64),
-            Many(Vec<u64>),
+        enum Either<T> {
+            One(T),
+            Many(Vec<T>),
         }
         Ok(match Either::deserialize(d)? {
             Either::One(n) => OneOrTwo(vec![n]),

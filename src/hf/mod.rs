@@ -28,6 +28,7 @@ mod bert;
 mod clip;
 mod config;
 mod decoder;
+mod diffusers;
 mod gpt2;
 mod layers;
 mod ln_decoder;
@@ -323,6 +324,12 @@ pub fn supported() -> Vec<&'static str> {
     all
 }
 
+/// The diffusers model classes memest imports (a config's `_class_name`), sorted.
+#[must_use]
+pub fn diffusers_classes() -> &'static [&'static str] {
+    diffusers::CLASSES
+}
+
 /// Which head sits on the imported model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Head {
@@ -468,17 +475,32 @@ fn trainer_hidden_size(text: &str) -> Option<u64> {
 /// architecture whose head memest does not know, a missing required field (named), an
 /// out-of-range value, or an unsupported activation.
 pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
-    if let Some(what) = serde_json::from_str::<Value>(text)
-        .ok()
+    let value = serde_json::from_str::<Value>(text).ok();
+    if let Some(class) = value
         .as_ref()
-        .and_then(other_library)
+        .filter(|v| v.get("model_type").is_none())
+        .and_then(|v| v.get("_class_name"))
+        .and_then(Value::as_str)
+        .filter(|c| diffusers::CLASSES.contains(c))
     {
+        if matches!(head, Head::Lm | Head::Classification) {
+            return Err(field_error(
+                "_class_name",
+                format!(
+                    "{class} has no language-model or classification head; --head takes auto or none for a diffusers config"
+                ),
+            ));
+        }
+        return diffusers::to_spec(text, class);
+    }
+    if let Some(what) = value.as_ref().and_then(other_library) {
         return Err(Error::Hf(HfError {
             model_type: None,
             field: None,
             position: None,
             message: format!(
-                "{what}: not supported yet (memest reads transformers configs, model types {}; describe the model in a memest file instead)",
+                "{what}: not supported yet (memest reads diffusers configs of class {} and transformers configs, model types {}; describe the model in a memest file instead)",
+                diffusers::CLASSES.join(", "),
                 supported().join(", ")
             ),
         }));
@@ -876,13 +898,13 @@ mod tests {
             "{m}"
         );
         let Err(Error::Hf(HfError { message: m, .. })) = spec_of(
-            &json!({"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.6.0", "in_channels": 4}),
+            &json!({"_class_name": "AutoencoderKL", "_diffusers_version": "0.6.0", "in_channels": 3}),
             Head::Auto,
         ) else {
             panic!("expected an import error")
         };
         assert!(
-            m.starts_with("a diffusers UNet2DConditionModel config: not supported yet"),
+            m.starts_with("a diffusers AutoencoderKL config: not supported yet (memest reads diffusers configs of class UNet2DConditionModel and"),
             "{m}"
         );
         let timm =

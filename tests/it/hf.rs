@@ -101,6 +101,17 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/deepseek-v3.json", 671_026_404_352),
     // DeepSeek-V2-Lite: one q_proj (q_lora_rank null), 64 experts, 2 shared.
     ("examples/hf/deepseek-v2-lite.json", 15_706_484_224),
+    // diffusers UNet2DConditionModel.from_config on the meta device (diffusers 0.42):
+    // Stable Diffusion v1.5's UNet (8 heads, 768-wide CLIP states, 1×1 conv projections).
+    ("examples/hf/stable-diffusion-v1-5-unet.json", 859_520_964),
+    // Stable Diffusion 2.1: heads [5, 10, 20, 20] of 64, 1024-wide states, linear projections.
+    ("examples/hf/stable-diffusion-2-1-unet.json", 865_910_724),
+    // SDXL base 1.0: three levels, transformer_layers_per_block [1, 2, 10], the text_time
+    // added embedding (2816 → 1280).
+    (
+        "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
+        2_567_463_684,
+    ),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -751,11 +762,21 @@ fn a_diffusers_config_is_recognised() {
     let f = TempModel::new(
         "json",
         r#"{"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.6.0",
-            "in_channels": 4, "out_channels": 4, "block_out_channels": [320, 640, 1280, 1280]}"#,
+            "in_channels": 4, "out_channels": 4, "block_out_channels": [320, 640],
+            "down_block_types": ["AttnDownBlock2D", "DownBlock2D"]}"#,
     );
     let err = fails(&[f.arg()]);
     assert!(
-        err.contains("a diffusers UNet2DConditionModel config: not supported yet"),
+        err.contains("`down_block_types`: block `AttnDownBlock2D` is not supported yet (supported: CrossAttnDownBlock2D, DownBlock2D)"),
+        "{err}"
+    );
+    let f = TempModel::new(
+        "json",
+        r#"{"_class_name": "AutoencoderKL", "_diffusers_version": "0.6.0", "in_channels": 3}"#,
+    );
+    let err = fails(&[f.arg()]);
+    assert!(
+        err.contains("a diffusers AutoencoderKL config: not supported yet (memest reads diffusers configs of class UNet2DConditionModel"),
         "{err}"
     );
 }
@@ -803,7 +824,7 @@ fn memest_models_matches_the_readme() {
     assert_eq!(code(&out), 0, "{}", describe(&out));
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines.len(), 6, "{text}");
     let names = |line: &str| -> std::collections::BTreeSet<String> {
         line.trim().split(", ").map(str::to_string).collect()
     };
@@ -823,7 +844,11 @@ fn memest_models_matches_the_readme() {
         types,
         readme_first_column("| `model_type` | what is built |")
     );
-    let mut kinds = names(lines[3]);
+    assert_eq!(
+        names(lines[3]),
+        readme_first_column("| `_class_name` | what is built |")
+    );
+    let mut kinds = names(lines[5]);
     // `repeat` has its own README section rather than a row of the kinds table.
     assert!(kinds.remove("repeat"), "{text}");
     assert_eq!(kinds, readme_first_column("### Layer kinds"));

@@ -162,6 +162,8 @@ mod example {
         hf_gemma_3_1b_pt => "examples/hf/gemma-3-1b-pt.json",
         hf_deepseek_v3 => "examples/hf/deepseek-v3.json",
         hf_c4ai_command_r_v01 => "examples/hf/c4ai-command-r-v01.json",
+        hf_stable_diffusion_v1_5_unet => "examples/hf/stable-diffusion-v1-5-unet.json",
+        hf_stable_diffusion_xl_base_1_0_unet => "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
     }
 }
 

@@ -213,8 +213,15 @@ impl Tracer<'_> {
         // CPU `layer_norm_cpu` allocates mean and rstd in `param_scalar_type`: the input's own
         // dtype unless the weights' differ (`is_mixed_type`); CUDA's `layer_norm_cuda` in the
         // accumulate type (float32 for 16-bit inputs). ATen's `native/layer_norm.cpp`.
+        // `native_group_norm` (`native/group_norm.cpp`, the CPU and CUDA kernels' common entry)
+        // allocates them in `param_scalar_type` on both devices.
         let same_dtype = ins[1..].iter().all(|&v| self.val(v).dtype == xd);
-        let sdt = if op == AtenOp::NativeLayerNorm && self.s.device == Device::Cpu && same_dtype {
+        let input_dtype = match op {
+            AtenOp::NativeLayerNorm => self.s.device == Device::Cpu,
+            AtenOp::NativeGroupNorm => true,
+            _ => false,
+        };
+        let sdt = if input_dtype && same_dtype {
             xd
         } else {
             stats_dtype(xd)
