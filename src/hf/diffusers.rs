@@ -701,8 +701,10 @@ pub(super) fn unet(cfg: &Cfg) -> Result<Unet, Error> {
             ));
         }
     };
-    cfg.required("sample_size", Some(size.0))?;
-    cfg.required("sample_size", Some(size.1))?;
+    for side in [size.0, size.1] {
+        cfg.required("sample_size", Some(side))?;
+        dim(cfg, "sample_size", side)?;
+    }
     let time_dim = match c.time_embedding_dim {
         Some(d) => cfg.required("time_embedding_dim", Some(d))?,
         None => boc[0]
@@ -794,7 +796,7 @@ pub(super) fn unet(cfg: &Cfg) -> Result<Unet, Error> {
                 with_inputs(conv(&format!("{d}.conv"), out, 3, 2, pad_down), &[&src]),
             );
             // (H + 2p − 3) / 2 + 1; with p = 0 the input was padded by one.
-            hw = ((hw.0 + 1) / 2, (hw.1 + 1) / 2);
+            hw = (hw.0.div_ceil(2), hw.1.div_ceil(2));
             if hw.0 == 0 || hw.1 == 0 {
                 return Err(cfg.field_err(
                     "sample_size",
@@ -875,7 +877,7 @@ pub(super) fn unet(cfg: &Cfg) -> Result<Unet, Error> {
             // `F.interpolate(scale_factor=2.0, mode="nearest")`, or to the next skip
             // connection's size when the latent is not divisible by 2^upsamplers.
             let next = skips.last().map_or(hw, |s| s.hw);
-            let up = if next == (hw.0 * 2, hw.1 * 2) {
+            let up = if next == (hw.0.saturating_mul(2), hw.1.saturating_mul(2)) {
                 LayerSpec {
                     scale_factor: Some(2.0),
                     ..layer(K::Upsample, &format!("{p}.upsamplers.0.interpolate"))
