@@ -411,8 +411,33 @@ impl Tracer<'_> {
                 }
                 if split { self.tp_reduce(y) } else { Ok(y) }
             }
+            Op::CrossAttention(_) | Op::Moe(_) | Op::Mla(_) if t > 1 => {
+                // Megatron splits these too (below); memest does not model their split, and
+                // tracing them whole on every rank would be a silently wrong figure.
+                let (what, how) = match op {
+                    Op::Moe(_) => (
+                        "a mixture-of-experts layer",
+                        "Megatron-Core's expert tensor parallelism, `expert_tensor_parallel_size`, splits each expert's MLP columns and rows as a dense MLP's; --ep divides the experts across GPUs instead",
+                    ),
+                    Op::Mla(_) => (
+                        "a multi-head latent attention layer",
+                        "Megatron-Core's `MLASelfAttention` divides its heads: query and key/value up-projections column-parallel, output projection row-parallel, the low-rank down-projections whole",
+                    ),
+                    _ => (
+                        "a cross-attention layer",
+                        "Megatron-LM divides its heads as self-attention's, the encoder output's key/value projections column-parallel",
+                    ),
+                };
+                Err(Error::setting(
+                    crate::error::SettingKey::Parallel,
+                    format!(
+                        "--tp {t}: `{}` is {what}, whose tensor-parallel split memest does not model yet ({how}); estimate without --tp",
+                        layer.name
+                    ),
+                ))
+            }
             Op::CrossAttention(_) | Op::Moe(_) => {
-                // Replicated (their split is not modelled): whole inputs.
+                // Context parallel: whole inputs (their split is not modelled).
                 let whole = inputs
                     .iter()
                     .map(|&v| self.tp_whole(v))

@@ -388,3 +388,36 @@ fn plan_flags() {
         assert!(stderr(&out).contains(says), "{extra:?}: {}", stderr(&out));
     }
 }
+
+/// Layers whose tensor-parallel split is not modelled are refused under `--tp` (exit 2, naming
+/// the layer and what Megatron does), not traced whole on every rank: a mixture of experts
+/// (Qwen2-MoE), multi-head latent attention (DeepSeek-V3), cross-attention (mT5). Without
+/// `--tp` the same models estimate.
+#[test]
+fn unsplit_layers_are_refused_under_tp() {
+    use crate::common::{code, memest, stderr};
+    for (model, says) in [
+        (
+            "tests/fixtures/hf/qwen2_moe_tiny.json",
+            "`mlp` is a mixture-of-experts layer",
+        ),
+        (
+            "tests/fixtures/hf/deepseek_v3_tiny.json",
+            "`self_attn` is a multi-head latent attention layer",
+        ),
+        (
+            "tests/fixtures/hf/mt5_tiny.json",
+            "`layer.1.EncDecAttention` is a cross-attention layer",
+        ),
+    ] {
+        let base = [model, "--batch", "1", "--seq", "32"];
+        let out = memest(&[&base[..], &["--tp", "2"]].concat());
+        assert_eq!(code(&out), 2, "{model}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("--tp 2: ") && err.contains(says),
+            "{model}: {err}"
+        );
+        assert_eq!(code(&memest(&base)), 0, "{model}");
+    }
+}
