@@ -777,8 +777,15 @@ impl Cli {
             kv_dtype: self.kv_dtype,
             recipe,
             parallel: memest::parallel::PlanFlags {
-                // `--min-gpus` resolves the plan at each world size it tries; here at one.
-                gpus: self.gpus.or(Some(1).filter(|_| self.min_gpus)),
+                // `--min-gpus` resolves the plan at each world size it tries; here at one
+                // data-parallel rank of the model-parallel degrees given.
+                gpus: self.gpus.or_else(|| {
+                    self.min_gpus.then(|| {
+                        [plan_flags.tp, plan_flags.pipeline.pp, plan_flags.cp]
+                            .into_iter()
+                            .fold(1u64, |a, d| a.saturating_mul(d.unwrap_or(1).max(1)))
+                    })
+                }),
                 ..plan_flags.clone()
             }
             .resolve()?,

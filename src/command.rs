@@ -56,7 +56,8 @@ pub fn execute(
         });
     }
     if let Some(flags) = &req.plans {
-        let plans = crate::run_plans(&spec, &input.name, &req.query, flags).map_err(located)?;
+        let plans =
+            crate::search::run_plans(&spec, &input.name, &req.query, flags).map_err(located)?;
         for w in &req.query.warnings {
             writeln!(err, "warning: {}", shown(&w.message(origin)))?;
         }

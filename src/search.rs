@@ -1,5 +1,7 @@
 //! Searching for the largest micro-batch or context that fits a budget (`--max-batch`,
-//! `--max-context`).
+//! `--max-context`), for the fewest GPUs a plan fits on (`--min-gpus`, over data-parallel
+//! ranks and the model-parallel degrees of `parallel::auto`), and estimating and ranking the
+//! plans on a number of GPUs (`--plan auto`).
 
 pub use crate::report::Dimension;
 use crate::report::Report;
@@ -163,6 +165,289 @@ fn crossing(a: (u64, u64), b: (u64, u64), budget: u64) -> Option<u64> {
         u128::from(x0).saturating_sub((u128::from(y0 - budget) * dx).div_ceil(dy))
     };
     Some(u64::try_from(x).unwrap_or(u64::MAX))
+}
+
+/// The most GPUs `--min-gpus` tries.
+pub const MIN_GPUS_LIMIT: u64 = 1 << 16;
+
+/// What `spec` allows of the model-parallel degrees ([`crate::parallel::auto::Splits`]): the
+/// greatest common divisor of its attention layers' query and key/value heads (none when it
+/// has no attention, or a mixture-of-experts, cross-attention or latent-attention layer,
+/// which `--tp` does not split), and its repeated blocks (every copy of each outermost
+/// `repeat`, as the tracer counts pipeline blocks).
+#[must_use]
+pub fn splits(spec: &ModelSpec) -> crate::parallel::auto::Splits {
+    use crate::spec::{LayerKind, LayerSpec};
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    fn heads(layers: &[LayerSpec], acc: &mut Option<Option<u64>>) {
+        for l in layers {
+            match l.kind {
+                LayerKind::Moe | LayerKind::CrossAttention | LayerKind::Mla => {
+                    *acc = Some(None);
+                }
+                LayerKind::Attention => {
+                    let h = l.heads.unwrap_or(0);
+                    let kv = l.kv_heads.unwrap_or(h);
+                    let g = gcd(h, kv);
+                    *acc = match *acc {
+                        None => Some(Some(g)),
+                        Some(Some(a)) => Some(Some(gcd(a, g))),
+                        Some(None) => Some(None),
+                    };
+                }
+                _ => {}
+            }
+            if let Some(body) = &l.layers {
+                heads(body, acc);
+            }
+        }
+    }
+    let mut acc = None;
+    heads(&spec.layers, &mut acc);
+    let blocks = spec
+        .layers
+        .iter()
+        .filter(|l| l.kind == LayerKind::Repeat)
+        .fold(0u64, |a, l| a.saturating_add(l.count.unwrap_or(1)));
+    crate::parallel::auto::Splits {
+        heads: acc.flatten().filter(|&h| h > 0),
+        blocks,
+    }
+}
+
+/// `--min-gpus`: the fewest GPUs on which `flags`' plan fits the budget per GPU.
+///
+/// At each tensor- and pipeline-parallel degree the model allows, powers of two
+/// ([`crate::parallel::auto::degrees`]; only the flags' own when they give `--tp` or `--pp`),
+/// in order of `tp · pp`, [`fewest_ranks`] finds the fewest data-parallel ranks; the answer is
+/// the fewest GPUs over all of them (the smaller per-GPU figure on a tie), and a degree whose
+/// model-parallel GPUs alone are more than the best so far is not tried. A
+/// degree the model or the plan refuses (a setting error) is passed over, except the flags'
+/// own.
+///
+/// # Errors
+/// As [`crate::run`]; [`crate::Error::Setting`] without a budget.
+pub fn min_gpus(
+    spec: &ModelSpec,
+    name: &str,
+    query: &crate::Query,
+    flags: &crate::parallel::PlanFlags,
+) -> Result<(crate::report::MinGpus, Option<Overrides>), crate::Error> {
+    use crate::parallel::auto;
+    let budget = query.budget.ok_or_else(|| {
+        crate::Error::setting(
+            crate::error::SettingKey::Parallel,
+            "--min-gpus needs a --budget or a --gpu (the memory of one GPU)",
+        )
+    })?;
+    let fixed = flags.tp.is_some() || flags.pipeline.pp.is_some();
+    let pairs = if fixed {
+        vec![(flags.tp.unwrap_or(1), flags.pipeline.pp.unwrap_or(1))]
+    } else {
+        // The powers of two the model allows (`degrees` on 4,096 GPUs).
+        auto::degrees(flags, 1 << 12, splits(spec))
+    };
+    // The fewest GPUs, their checked figure, the flags there.
+    let mut best: Option<(u64, u64, Overrides)> = None;
+    let mut searched = 0u64;
+    for (tp, pp) in pairs {
+        let f = if fixed {
+            flags.clone()
+        } else {
+            auto::at_degrees(flags, tp, pp)
+        };
+        let cp = flags.cp.unwrap_or(1).max(1);
+        let model_parallel = tp.saturating_mul(pp).saturating_mul(cp).max(1);
+        if best.as_ref().is_some_and(|(g, _, _)| model_parallel > *g) {
+            continue;
+        }
+        let found = match fewest_ranks(spec, name, query, &f, budget, model_parallel) {
+            Ok(found) => found,
+            Err(crate::Error::Setting(_)) if !fixed && (tp, pp) != (1, 1) => {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        searched = searched.max(found.1);
+        if let Some((gpus, checked, o)) = found.0
+            && best
+                .as_ref()
+                .is_none_or(|&(g, c, _)| (gpus, checked) < (g, c))
+        {
+            best = Some((gpus, checked, o));
+        }
+    }
+    let gpus = best.as_ref().map(|(g, _, _)| *g);
+    Ok((
+        crate::report::MinGpus {
+            budget_bytes: budget,
+            gpus,
+            searched_up_to: searched,
+        },
+        best.map(|(_, _, o)| o),
+    ))
+}
+
+/// What [`fewest_ranks`] found: the GPUs, the checked figure less NCCL's buffers, and the
+/// estimate's overrides there.
+type Fewest = (u64, u64, Overrides);
+
+/// The fewest data-parallel ranks on which `flags`' plan fits `budget` per GPU, by doubling
+/// from one, then bisection (the per-GPU figure falls as more ranks share the model states;
+/// when it stops falling between two doublings from two ranks on, nothing more is sharded,
+/// and the search ends without an answer; the figure compared leaves out NCCL's buffers,
+/// which grow from one rank to two and from two to more). World sizes are data-parallel
+/// ranks × `model_parallel` (`tp · pp · cp`). Returns the GPUs, the checked figure (less
+/// NCCL's buffers) and the flags' estimate overrides there, if any fit, and the largest world
+/// size tried.
+fn fewest_ranks(
+    spec: &ModelSpec,
+    name: &str,
+    query: &crate::Query,
+    flags: &crate::parallel::PlanFlags,
+    budget: u64,
+    model_parallel: u64,
+) -> Result<(Option<Fewest>, u64), crate::Error> {
+    // A config's `train_batch_size` fixes the world size; the search varies it (the global
+    // batch grows with the ranks, as it does when a job moves to more GPUs).
+    let flags = &crate::parallel::PlanFlags {
+        config: flags.config.clone().map(|c| crate::parallel::ConfigPlan {
+            train_batch: None,
+            ..c
+        }),
+        ..flags.clone()
+    };
+    let at = |dp: u64| -> Result<(bool, u64, Overrides), crate::Error> {
+        let mut f = flags.clone();
+        f.gpus = Some(dp.saturating_mul(model_parallel));
+        let overrides = Overrides {
+            parallel: f.resolve()?,
+            ..query.overrides.clone()
+        };
+        let r = crate::estimate_observed(
+            spec,
+            name,
+            &overrides,
+            Some(budget),
+            crate::sim::Observe::default(),
+        )?;
+        let b = r
+            .budget
+            .as_ref()
+            .map_or((false, r.peak_bytes), |b| (b.fits, b.checked_bytes));
+        // NCCL's buffers grow with the ranks (none on one, fewer connections on two), so the
+        // stop rule compares the figure without them.
+        let nccl = r.parallel.as_ref().map_or(0, |p| p.nccl_bytes);
+        Ok((b.0, b.1.saturating_sub(nccl), overrides))
+    };
+    let mut lo = 0u64; // the largest known not to fit
+    let mut dp = 1u64;
+    let mut last: Option<u64> = None;
+    let found = loop {
+        let (fits, checked, o) = at(dp)?;
+        if fits {
+            break Some((dp, checked, o));
+        }
+        if last.is_some_and(|l| checked >= l) || dp.saturating_mul(model_parallel) >= MIN_GPUS_LIMIT
+        {
+            break None;
+        }
+        // From one rank to two the figure can rise (the data-parallel engine exists only from
+        // two ranks on), so the stop rule compares doublings from two ranks onward.
+        if dp >= 2 {
+            last = Some(checked);
+        }
+        lo = dp;
+        dp = dp.saturating_mul(2);
+    };
+    let searched = dp.saturating_mul(model_parallel);
+    let Some((mut hi, mut checked, mut best)) = found else {
+        return Ok((None, searched));
+    };
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let (fits, c, o) = at(mid)?;
+        if fits {
+            (hi, checked, best) = (mid, c, o);
+        } else {
+            lo = mid;
+        }
+    }
+    Ok((
+        Some((hi.saturating_mul(model_parallel), checked, best)),
+        searched,
+    ))
+}
+
+/// `--plan auto`: the plans on `gpus` GPUs ([`crate::parallel::auto::candidates`]: the
+/// data-parallel engines, and the tensor- and pipeline-parallel degrees the model allows),
+/// each estimated as [`crate::run`] would, sorted by the figure the budget checks, then by
+/// host memory. A model-parallel candidate the model refuses (a setting error: a sequence
+/// that sequence parallelism cannot divide, expert parallelism that the data-parallel ranks
+/// left do not divide) is left out; the data-parallel ones are not.
+///
+/// # Errors
+/// As [`crate::run`]; [`crate::Error::Setting`] without `--gpus`.
+pub fn run_plans(
+    spec: &ModelSpec,
+    name: &str,
+    query: &crate::Query,
+    flags: &crate::parallel::PlanFlags,
+) -> Result<crate::report::PlansReport, crate::Error> {
+    let gpus = flags.gpus.ok_or_else(|| {
+        crate::Error::setting(
+            crate::error::SettingKey::Parallel,
+            "--plan auto needs --gpus N (the GPUs to plan for)",
+        )
+    })?;
+    let mut plans = Vec::new();
+    for c in crate::parallel::auto::candidates(flags, gpus, splits(spec)) {
+        let model_parallel = c.tp.is_some() || c.pipeline.pp.is_some();
+        let estimate = c.resolve().and_then(|plan| {
+            let Some(plan) = plan else { return Ok(None) };
+            let overrides = Overrides {
+                parallel: Some(plan.clone()),
+                ..query.overrides.clone()
+            };
+            crate::estimate_observed(
+                spec,
+                name,
+                &overrides,
+                query.budget,
+                crate::sim::Observe::default(),
+            )
+            .map(|r| Some((plan, r)))
+        });
+        let (plan, r) = match estimate {
+            Ok(Some(x)) => x,
+            Ok(None) => continue,
+            Err(crate::Error::Setting(_)) if model_parallel => continue,
+            Err(e) => return Err(e),
+        };
+        let (checked, fits) = r
+            .budget
+            .as_ref()
+            .map_or((r.device_bytes.unwrap_or(r.peak_bytes), None), |b| {
+                (b.checked_bytes, Some(b.fits))
+            });
+        plans.push(crate::report::PlanRow {
+            description: plan.describe(),
+            plan,
+            peak_bytes: r.peak_bytes,
+            checked_bytes: checked,
+            cpu_bytes: r.parallel.as_ref().map_or(0, |p| p.cpu_bytes),
+            fits,
+        });
+    }
+    plans.sort_by_key(|p| (p.checked_bytes, p.cpu_bytes));
+    Ok(crate::report::PlansReport {
+        model: name.to_string(),
+        gpus,
+        budget_bytes: query.budget,
+        plans,
+    })
 }
 
 #[cfg(test)]

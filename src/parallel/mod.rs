@@ -16,6 +16,7 @@
 //! communication buffers hold. This module knows tensor facts and dtypes only, never the tape.
 
 pub mod accelerate;
+pub mod auto;
 pub mod deepspeed;
 pub mod nccl;
 pub mod shard;
@@ -566,10 +567,12 @@ impl Plan {
             model.push(format!("context parallel {}", self.cp));
         }
         let model = model.join(", ");
-        if self.model_parallel_only() {
+        if self.model_parallel_only() && self.pipeline.is_none() {
             return format!("{model} over {gpus} GPUs") + &self.describe_offload();
         }
-        let over = if self.pp > 1 {
+        // Under tensor, context or pipeline parallelism the engine spans the data-parallel
+        // ranks, not every GPU.
+        let over = if self.data_parallel().is_some_and(|dp| dp != gpus) {
             format!("{} data-parallel ranks", self.data_parallel().unwrap_or(1))
         } else {
             format!("{gpus} GPUs")

@@ -571,9 +571,12 @@ fn nccl_line() {
     assert_eq!(parallel(&cpu, "nccl_bytes"), 0);
 }
 
-/// `--min-gpus`: ZeRO-3 (bucket 5e6) of the tiny Llama in bfloat16 on the CPU needs 4 GPUs of
-/// 400 MiB and 28 of 250 MiB; the answer fits and one fewer does not. DDP shards nothing: no
-/// number of GPUs brings it under its single-GPU figure.
+/// `--min-gpus` over data-parallel ranks alone (`--tp 1` fixes the model-parallel degrees):
+/// ZeRO-3 (bucket 5e6) of the tiny Llama in bfloat16 on the CPU needs 4 GPUs of 400 MiB and
+/// 28 of 250 MiB; the answer fits and one fewer does not. DDP shards nothing: no number of
+/// GPUs brings it under its single-GPU figure. Without `--tp 1`, tensor parallelism fits 250
+/// MiB on 10 GPUs (TP 2 with sequence parallelism, ZeRO-3 over 5 data-parallel ranks:
+/// 252,250,872 B).
 #[test]
 fn min_gpus() {
     let base = [
@@ -595,7 +598,7 @@ fn min_gpus() {
     ];
     for (budget, n) in [("400MiB", 4u64), ("250MiB", 28)] {
         let mut a = base.to_vec();
-        a.extend(["--min-gpus", "--budget", budget]);
+        a.extend(["--min-gpus", "--tp", "1", "--budget", budget]);
         let r = report(&a);
         assert_eq!(r["parallel"]["min_gpus"]["gpus"], n, "{budget}");
         assert_eq!(r["parallel"]["world_size"], n);
@@ -605,6 +608,15 @@ fn min_gpus() {
         b.extend(["--gpus", &fewer, "--budget", budget]);
         assert_eq!(report(&b)["budget"]["fits"], false, "{budget} at {fewer}");
     }
+    let mut a = base.to_vec();
+    a.extend(["--min-gpus", "--budget", "250MiB"]);
+    let r = report(&a);
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], 10);
+    assert_eq!(
+        r["parallel"]["description"],
+        "dtensor tensor parallel 2 + sequence parallel; DeepSpeed ZeRO-3 over 5 data-parallel ranks"
+    );
+    assert_eq!(u(&r["budget"], "checked_bytes"), 252_250_872);
     let r = report(&[
         LLAMA,
         "--seq",
@@ -616,6 +628,8 @@ fn min_gpus() {
         "--device",
         "cpu",
         "--min-gpus",
+        "--tp",
+        "1",
         "--budget",
         "300MiB",
     ]);
@@ -671,7 +685,7 @@ fn min_gpus_cuda_past_the_communicator() {
         "1150000000",
     ];
     let mut a = base.to_vec();
-    a.push("--min-gpus");
+    a.extend(["--min-gpus", "--tp", "1"]);
     let r = report(&a);
     assert_eq!(r["parallel"]["min_gpus"]["gpus"], 15);
     assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 16);
@@ -684,8 +698,11 @@ fn min_gpus_cuda_past_the_communicator() {
     assert_eq!(r["budget"]["fits"], false);
 }
 
-/// `--plan auto` on 16 GPUs: twelve plans (hybrid-shard past one node of 8), sorted by the
-/// checked figure; each row is the estimate of its own flags.
+/// `--plan auto` on 16 GPUs: the twelve data-parallel plans (hybrid-shard past one node of 8)
+/// and fifteen tensor/pipeline-parallel ones (the tiny Llama: 8 heads and 2 key/value heads,
+/// so TP 2; 4 blocks, so PP 2 or 4; three engines at each of the five pairs besides (1, 1),
+/// as each leaves data-parallel ranks), sorted by the checked figure; each row is the
+/// estimate of its own flags.
 #[test]
 fn plan_auto() {
     let base = [
@@ -700,7 +717,7 @@ fn plan_auto() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let plans = v["plans"].as_array().unwrap();
-    assert_eq!(plans.len(), 12);
+    assert_eq!(plans.len(), 12 + 15);
     let checked: Vec<u64> = plans
         .iter()
         .map(|p| p["checked_bytes"].as_u64().unwrap())
@@ -715,7 +732,7 @@ fn plan_auto() {
     assert_eq!(fsdp["peak_bytes"], report(&b)["peak_bytes"]);
     let ddp = plans
         .iter()
-        .find(|p| p["description"].as_str().unwrap().starts_with("DDP"))
+        .find(|p| p["description"] == "DDP over 16 GPUs, 25 MiB buckets")
         .unwrap();
     assert_eq!(ddp["fits"], false);
     assert_eq!(fsdp["fits"], true);
@@ -783,4 +800,157 @@ proptest::proptest! {
         proptest::prop_assert_eq!(u(&offloaded, "master_weights_bytes"), 0);
         proptest::prop_assert_eq!(u(&offloaded, "parameters_bytes"), u(&plain, "parameters_bytes"));
     }
+}
+
+/// `--plan auto` varies tensor and pipeline parallelism on a real config: Llama-3-8B (32
+/// heads, 8 key/value heads, 32 layers) on 8 GPUs, bf16, seq 4096, activation checkpointing.
+/// TP divides the key/value heads' gcd with the heads (8) and PP the layers, `tp · pp` the
+/// GPUs: besides (1, 1)'s eleven data-parallel plans, DDP, ZeRO-1 and FSDP full-shard at
+/// (1, 2), (2, 1), (1, 4), (2, 2), (4, 1), and the model-parallel plan alone at (1, 8),
+/// (2, 4), (4, 2), (8, 1). Each row is its flags' estimate; sorted cheapest first; only plain
+/// DDP does not fit an H100.
+#[test]
+fn plan_auto_varies_tensor_and_pipeline_parallelism() {
+    let base = [
+        "examples/hf/llama-3-8b.json",
+        "--seq",
+        "4096",
+        "--batch",
+        "1",
+        "--optim",
+        "adamw",
+        "--dtype",
+        "bf16",
+        "--checkpoint",
+        "--gpu",
+        "h100",
+    ];
+    let mut a = base.to_vec();
+    a.extend(["--gpus", "8", "--plan", "auto", "--format", "json"]);
+    let out = memest(&a);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    let key = |p: &Value| {
+        let pl = &p["plan"];
+        let sh = &pl["sharding"];
+        let engine = match sh["engine"].as_str().unwrap() {
+            "zero" => format!("zero{}", sh["stage"]),
+            "fsdp" => format!("fsdp-{}", sh["strategy"].as_str().unwrap()),
+            e => e.to_string(),
+        };
+        let off = if pl["offload"]["params"].is_null() {
+            if pl["offload"]["optimizer"].is_null() {
+                ""
+            } else {
+                "+opt-offload"
+            }
+        } else {
+            "+offload"
+        };
+        format!("tp{} pp{} {engine}{off}", pl["tp"], pl["pp"])
+    };
+    let mut got: Vec<String> = plans.iter().map(key).collect();
+    got.sort();
+    let mut want: Vec<String> = [
+        "tp1 pp1 ddp",
+        "tp1 pp1 zero1",
+        "tp1 pp1 zero2",
+        "tp1 pp1 zero3",
+        "tp1 pp1 fsdp-full-shard",
+        "tp1 pp1 fsdp-shard-grad-op",
+        "tp1 pp1 zero1+opt-offload",
+        "tp1 pp1 zero2+opt-offload",
+        "tp1 pp1 zero3+opt-offload",
+        "tp1 pp1 zero3+offload",
+        "tp1 pp1 fsdp-full-shard+offload",
+        "tp1 pp8 ddp",
+        "tp2 pp4 ddp",
+        "tp4 pp2 ddp",
+        "tp8 pp1 ddp",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    for (tp, pp) in [(1, 2), (2, 1), (1, 4), (2, 2), (4, 1)] {
+        for e in ["ddp", "zero1", "fsdp-full-shard"] {
+            want.push(format!("tp{tp} pp{pp} {e}"));
+        }
+    }
+    want.sort();
+    assert_eq!(got, want);
+    let checked: Vec<u64> = plans
+        .iter()
+        .map(|p| p["checked_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(checked.windows(2).all(|w| w[0] <= w[1]), "{checked:?}");
+    let fits: Vec<String> = plans
+        .iter()
+        .filter(|p| p["fits"] == false)
+        .map(key)
+        .collect();
+    assert_eq!(fits, ["tp1 pp1 ddp"]);
+    // Rows are their flags' estimates, and sequence parallelism comes with tensor parallelism.
+    for (flags, desc) in [
+        (
+            &["--gpus", "8", "--tp", "8", "--sp"][..],
+            "dtensor tensor parallel 8 + sequence parallel over 8 GPUs",
+        ),
+        (
+            &["--gpus", "8", "--tp", "2", "--sp", "--pp", "4"][..],
+            "dtensor tensor parallel 2 + sequence parallel; no data parallelism; pipeline of 4 stages (1F1B, 4 micro-batches)",
+        ),
+        (
+            &["--gpus", "8", "--tp", "4", "--sp", "--fsdp", "full-shard"][..],
+            "dtensor tensor parallel 4 + sequence parallel; FSDP full-shard over 2 data-parallel ranks",
+        ),
+    ] {
+        let row = plans
+            .iter()
+            .find(|p| p["description"] == desc)
+            .unwrap_or_else(|| panic!("{desc}"));
+        let r = report(&[&base[..], flags].concat());
+        assert_eq!(row["peak_bytes"], r["peak_bytes"], "{desc}");
+        assert_eq!(r["parallel"]["description"], desc);
+    }
+}
+
+/// `--min-gpus` tries tensor and pipeline parallelism too: Llama-3-8B in bf16 with AdamW at
+/// seq 4096, checkpointed, under 40 GB per GPU (the plan given is DDP, which shards nothing:
+/// it never fits on data parallelism alone, ~98 GB a GPU). No 2-GPU plan fits (TP 2:
+/// 41,728,714,128 B; PP 2: 41,202,000,460 B); on 4 GPUs TP 4 + SP checks 21,916,394,896 B,
+/// below TP 2 × PP 2 (23,753,433,676 B) and PP 4 (25,887,818,028 B), and is the answer. With
+/// `--pp 4` given only that degree is searched (4 GPUs, 25,887,818,028 B); with `--tp 2`
+/// given there is none (DDP: more ranks shard nothing).
+#[test]
+fn min_gpus_varies_tensor_and_pipeline_parallelism() {
+    let base = [
+        "examples/hf/llama-3-8b.json",
+        "--seq",
+        "4096",
+        "--batch",
+        "1",
+        "--optim",
+        "adamw",
+        "--dtype",
+        "bf16",
+        "--checkpoint",
+        "--device",
+        "cpu",
+        "--budget",
+        "40GB",
+        "--min-gpus",
+    ];
+    let r = report(&base);
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], 4);
+    assert_eq!(
+        r["parallel"]["description"],
+        "dtensor tensor parallel 4 + sequence parallel over 4 GPUs"
+    );
+    assert_eq!(u(&r["budget"], "checked_bytes"), 21_916_394_896);
+    let r = report(&[&base[..], &["--pp", "4"]].concat());
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], 4);
+    assert_eq!(u(&r["budget"], "checked_bytes"), 25_887_818_028);
+    let r = report(&[&base[..], &["--tp", "2", "--sp"]].concat());
+    assert_eq!(r["parallel"]["min_gpus"]["gpus"], Value::Null);
 }
