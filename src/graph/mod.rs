@@ -5,12 +5,13 @@
 //! checks happen when the model is traced with concrete settings ([`crate::trace`]).
 //!
 //! Each layer kind is declared once: a config struct in this module's family files (`linear`,
-//! `conv`, `norm`, `embed`, `view`, `pool`, `resize`, `rnn`, `pointwise`, `attention`), which documents the kind,
+//! `conv`, `einsum`, `norm`, `embed`, `view`, `pool`, `resize`, `rnn`, `pointwise`, `attention`), which documents the kind,
 //! reads its keys through a `KeyReader` (`keys`) (so the keys it reads are the keys it accepts)
 //! and is what [`Op`] carries to the tracer.
 
 mod attention;
 mod conv;
+mod einsum;
 mod embed;
 pub(crate) mod keys;
 mod linear;
@@ -25,6 +26,7 @@ use std::collections::{HashMap, HashSet};
 
 pub use attention::{AttentionCfg, AttnStyle, MlaCfg, MoeCfg, QkNorm};
 pub use conv::{ConvAxis, ConvCfg};
+pub use einsum::{EinsumCfg, Subscript};
 pub use embed::{
     EmbeddingCfg, PositionEmbeddingCfg, RelativePositionBiasCfg, RotaryCfg, TokenTypeEmbeddingCfg,
 };
@@ -185,6 +187,8 @@ pub enum Op {
     Mla(MlaCfg),
     /// `lstm`, `gru`.
     Rnn(RnnCfg),
+    /// `einsum` of two inputs.
+    Einsum(EinsumCfg),
     /// `stochastic_depth`.
     StochasticDepth(StochasticDepthCfg),
     /// T5's `_shift_right` of the labels: a new int64 tensor of the input's shape (the
@@ -367,6 +371,13 @@ fn build_layers(
         if let Node::Op(Op::CrossAttention(_)) = &node {
             if inputs.len() != 2 {
                 return Err(fail("`cross_attention` takes two `inputs`: the queries' source and the encoder output, e.g. inputs = [\"ln\", \"encoder\"]".into()));
+            }
+        } else if let Node::Op(Op::Einsum(c)) = &node {
+            if inputs.len() != 2 {
+                return Err(fail(format!(
+                    "`einsum` takes two `inputs`, its equation's operands in order, e.g. inputs = [\"q\", \"k\"] for \"{}\"",
+                    c.equation
+                )));
             }
         } else if let Node::Op(Op::Add(_) | Op::Mul | Op::Concat(_)) = &node {
             if inputs.len() < 2 && !matches!(node, Node::Op(Op::Concat(_))) {
@@ -554,6 +565,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::Moe => Op::Moe(MoeCfg::read(r)?),
         K::Mla => Op::Mla(MlaCfg::read(r)?),
         K::Lstm | K::Gru => Op::Rnn(RnnCfg::read(r)?),
+        K::Einsum => Op::Einsum(EinsumCfg::read(r)?),
         K::StochasticDepth => Op::StochasticDepth(StochasticDepthCfg::read(r)?),
         K::ShiftRight => {
             r.finish()?;

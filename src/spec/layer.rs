@@ -88,6 +88,9 @@ pub struct LayerSpec {
     pub pad: Option<Vec<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
+    // einsum
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub equation: Option<String>,
     // recurrent layers (lstm, gru)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input_size: Option<u64>,
@@ -517,6 +520,7 @@ layer_kinds! {
     Mla => "mla" | "latent_attention",
     Lstm => "lstm",
     Gru => "gru",
+    Einsum => "einsum",
     StochasticDepth => "stochastic_depth",
     ShiftRight => "shift_right",
     Scale => "scale",

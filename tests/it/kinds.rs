@@ -802,6 +802,74 @@ fn lstm_and_gru_on_cuda_keep_the_cudnn_reserve() {
 }
 
 #[test]
+fn einsum_attention() {
+    // torch.einsum attention on [4, 64, 64], 4 heads of 16 (the fixture's header). ATen's
+    // `sumproduct_pair` lines each operand up as [batch, free, contracted] for one `bmm`, which
+    // keeps both operands:
+    // - "bqhd,bkhd->bhqk": b and h are not adjacent in q's [b, q, h, d] memory, so q and k are
+    //   copied into [16, 64, 16]: 2·16·64·16·4 = 131,072;
+    // - softmax keeps its output [4, 4, 64, 64]: 262,144;
+    // - "bhqk,bkhd->bqhd": the probabilities are a view (already kept); v is copied: 65,536;
+    //   the result, laid out [b, h, q, d], is a strided view in [b, q, h, d] order, so the
+    //   reshape copies it and `o` keeps the copy: 65,536.
+    // 131,072 + 262,144 + 65,536 + 65,536 = 524,288. Measured with PyTorch 2.15: 524,288
+    // (bfloat16: 262,144). Parameters: 4·(64·64 + 64) = 16,640.
+    let v = check("einsum", &["--optim", "sgd"], 524_288, 16_640);
+    assert_eq!(
+        v["layers"][6]["output_shape"],
+        serde_json::json!([4, 4, 64, 64])
+    );
+    assert_eq!(
+        v["layers"][8]["output_shape"],
+        serde_json::json!([4, 64, 4, 16])
+    );
+    // The step's peak (no optimizer state: measure_kind.py runs none): measured 1,247,240 B
+    // (bfloat16 623,620); memest within 5 %.
+    for (flags, measured) in [
+        (&["--optim", "sgd"][..], 1_247_240_f64),
+        (&["--optim", "sgd", "--dtype", "bfloat16"][..], 623_620_f64),
+    ] {
+        let v = run("einsum", flags);
+        #[allow(clippy::cast_precision_loss)]
+        let err = u(&v, "peak_bytes") as f64 / measured - 1.0;
+        assert!(err.abs() < 0.05, "peak {flags:?}: {err:+.3}");
+    }
+    check("einsum", &["--dtype", "bfloat16"], 262_144, 16_640);
+}
+
+#[test]
+fn einsum_refuses_what_it_does_not_model() {
+    let dir = std::env::temp_dir().join(format!("memest-einsum-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (equation, inputs, says) in [
+        ("bij,bjk", "[\"input\", \"input\"]", "has no `->`"),
+        ("bii,bij->bj", "[\"input\", \"input\"]", "appears twice"),
+        ("bij,bjk->bik", "[\"input\"]", "takes two `inputs`"),
+        (
+            "bij,bjk->bik",
+            "[\"input\", \"input\"]",
+            "subscript `j` has size 5",
+        ),
+    ] {
+        let file = dir.join("m.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[input]\nshape = [4, 5]\n\n[[layers]]\nkind = \"einsum\"\nname = \"e\"\ninputs = {inputs}\nequation = \"{equation}\"\n"
+            ),
+        )
+        .unwrap();
+        let out = crate::common::memest(&[file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{equation}: {stderr}");
+        assert!(
+            stderr.contains("layer #1 \"e\" (einsum)") && stderr.contains(says),
+            "{equation}: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn readme_lists_the_keys_each_kind_reads() {
     use memest::graph::kind_keys;
     use memest::spec::LayerKind;

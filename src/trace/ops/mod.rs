@@ -2,6 +2,7 @@
 //! (`out_shape(&Cfg, &Shape)`, unit-tested without a tape) and the operators it runs.
 
 mod conv;
+mod einsum;
 mod embed;
 mod linear;
 mod norm;
@@ -104,6 +105,7 @@ impl Tracer<'_> {
             Op::Moe(c) => self.moe(x, c, train),
             Op::Mla(c) => self.mla(x, c, train),
             Op::Rnn(c) => self.rnn(c, x, train),
+            Op::Einsum(c) => self.einsum(c, inputs[0], inputs[1]),
             Op::StochasticDepth(c) => self.stochastic_depth(c, x),
             Op::ShiftRight => self.shift_right(x),
             Op::Scale(_) => self.unary(x, AtenOp::MulScalar),
