@@ -214,6 +214,11 @@ pub struct Cli {
     /// model without a loss.
     #[arg(long, value_enum, default_value_t = Head::Auto)]
     head: Head,
+    /// Image size in pixels for a diffusers UNet config: 512 or HEIGHTxWIDTH (1024x768), a
+    /// multiple of 8; the UNet reads the VAE's latent of it, [channels, H/8, W/8] (default: the
+    /// config's sample_size · 8).
+    #[arg(long, value_name = "SIZE")]
+    image: Option<memest::hf::ImageSize>,
     /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face
     /// config.json, and exit (no estimate: the estimate, output and budget flags are refused with
     /// it).
@@ -571,6 +576,8 @@ pub struct Request {
     pub input: InputSource,
     /// The head on a Hugging Face config.
     pub head: Head,
+    /// `--image`: the image size a diffusers UNet config is built for.
+    pub image: Option<memest::hf::ImageSize>,
     /// Overrides, budget, search and the warnings the flags raise.
     pub query: Query,
     /// How to print.
@@ -818,6 +825,7 @@ impl Cli {
                 InputSource::Path(self.model)
             },
             head: self.head,
+            image: self.image,
             query: Query {
                 overrides,
                 budget: self.budget.or(self.gpu.map(|g| g.total_bytes)),

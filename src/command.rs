@@ -36,7 +36,8 @@ pub fn execute(
 ) -> Result<Executed> {
     let origin = input.origin.as_str();
     let located = |e| crate::locate(e, origin, &input.src, input.format);
-    let mut spec = crate::load_spec(&input.src, input.format, req.head).map_err(located)?;
+    let mut spec =
+        crate::load_spec_with(&input.src, input.format, req.head, req.image).map_err(located)?;
     if req.print_model {
         spec.name.get_or_insert_with(|| input.name.clone());
         let text = crate::print_model::to_toml(&spec).map_err(|e| e.at(origin))?;

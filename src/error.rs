@@ -165,6 +165,8 @@ pub enum SettingKey {
     Lora,
     /// `--head`.
     Head,
+    /// `--image`.
+    Image,
     /// `--max-batch`, `--max-context`.
     Search,
     /// `--gpus`, `--ddp`, `--zero`, `--fsdp` and their options.

@@ -361,20 +361,40 @@ pub fn load_spec(
     format: spec::Format,
     head: hf::Head,
 ) -> Result<spec::ModelSpec, Error> {
+    load_spec_with(src, format, head, None)
+}
+
+/// As [`load_spec`], with the image size of `--image` (see [`hf::to_spec_with`]).
+///
+/// # Errors
+/// As [`load_spec`]; [`Error::Setting`] when `image` is given for a memest file or a config
+/// that does not read an image size.
+pub fn load_spec_with(
+    src: &str,
+    format: spec::Format,
+    head: hf::Head,
+    image: Option<hf::ImageSize>,
+) -> Result<spec::ModelSpec, Error> {
     let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     if format == spec::Format::Json {
         if let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
             && hf::is_hf_config(&value)
         {
-            return hf::to_spec(src, head);
+            return hf::to_spec_with(src, head, image);
         }
         // A config Python wrote with `NaN`/`Infinity`: those values read as unset.
         if let Some(text) = hf::python_json(src)
             && let Ok(value) = serde_json::from_str::<serde_json::Value>(&text)
             && hf::is_hf_config(&value)
         {
-            return hf::to_spec(&text, head);
+            return hf::to_spec_with(&text, head, image);
         }
+    }
+    if image.is_some() {
+        return Err(Error::setting(
+            error::SettingKey::Image,
+            "--image applies only to diffusers UNet configs; in a memest model file the input shape gives the image size",
+        ));
     }
     if head != hf::Head::Auto {
         return Err(Error::setting(

@@ -469,9 +469,13 @@ struct Skip {
     hw: (u64, u64),
 }
 
-/// Builds `UNet2DConditionModel`.
+/// The pixels per latent element of Stable Diffusion's VAE (`vae_scale_factor`).
+pub(super) const VAE_SCALE: u64 = 8;
+
+/// Builds `UNet2DConditionModel` for a latent of `latent` `(height, width)`, `sample_size` when
+/// `None`.
 #[allow(clippy::too_many_lines)] // the model's forward, block by block
-pub(super) fn unet(cfg: &Cfg) -> Result<Unet, Error> {
+pub(super) fn unet(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Unet, Error> {
     let c: UnetConfig = cfg.read()?;
     let refuse = |key: &str, what: &str| {
         Err(cfg.field_err(key, format!("`{key}`: {what} is not supported yet")))
@@ -701,6 +705,7 @@ pub(super) fn unet(cfg: &Cfg) -> Result<Unet, Error> {
             ));
         }
     };
+    let size = latent.unwrap_or(size);
     for side in [size.0, size.1] {
         cfg.required("sample_size", Some(side))?;
         dim(cfg, "sample_size", side)?;
@@ -929,13 +934,33 @@ pub(super) fn unet(cfg: &Cfg) -> Result<Unet, Error> {
 /// # Errors
 /// [`Error::Hf`] naming the field for a value of the wrong type, a block type or option memest
 /// does not build, or sizes that do not fit together.
-pub(super) fn to_spec(text: &str, class: &str) -> Result<ModelSpec, Error> {
+pub(super) fn to_spec(
+    text: &str,
+    class: &str,
+    image: Option<super::ImageSize>,
+) -> Result<ModelSpec, Error> {
     let cfg = Cfg {
         text,
         model_type: class,
         header: Header::default(),
     };
-    let u = unet(&cfg)?;
+    // Stable Diffusion's VAE halves the image three times (`vae_scale_factor` 8: its four
+    // `block_out_channels`); diffusers' pipelines refuse sizes that are not multiples of 8.
+    let latent = match image {
+        None => None,
+        Some(i) if i.height % VAE_SCALE == 0 && i.width % VAE_SCALE == 0 => {
+            Some((i.height / VAE_SCALE, i.width / VAE_SCALE))
+        }
+        Some(i) => {
+            return Err(Error::setting(
+                crate::error::SettingKey::Image,
+                format!(
+                    "--image {i}: height and width must be multiples of {VAE_SCALE} pixels (the VAE's scale factor)"
+                ),
+            ));
+        }
+    };
+    let u = unet(&cfg, latent)?;
     let [c, h, w] = u.sample;
     Ok(ModelSpec {
         name: None,
@@ -978,7 +1003,7 @@ mod tests {
     }
 
     fn message(v: &serde_json::Value) -> String {
-        match to_spec(&v.to_string(), "UNet2DConditionModel") {
+        match to_spec(&v.to_string(), "UNet2DConditionModel", None) {
             Err(Error::Hf(e)) => e.message,
             other => panic!("expected an import error, got {other:?}"),
         }
@@ -986,7 +1011,7 @@ mod tests {
 
     #[test]
     fn inputs_are_the_latent_the_text_states_and_the_timestep_embedding() {
-        let spec = to_spec(&tiny().to_string(), "UNet2DConditionModel").unwrap();
+        let spec = to_spec(&tiny().to_string(), "UNet2DConditionModel", None).unwrap();
         assert_eq!(
             spec.input.shape,
             [DimSpec::Fixed(4), DimSpec::Fixed(16), DimSpec::Fixed(16)]
@@ -1008,7 +1033,7 @@ mod tests {
         sdxl["addition_embed_type"] = json!("text_time");
         sdxl["addition_time_embed_dim"] = json!(8);
         sdxl["projection_class_embeddings_input_dim"] = json!(64);
-        let spec = to_spec(&sdxl.to_string(), "UNet2DConditionModel").unwrap();
+        let spec = to_spec(&sdxl.to_string(), "UNet2DConditionModel", None).unwrap();
         assert_eq!(spec.inputs[ADD_EMBEDS].shape, [DimSpec::Fixed(64)]);
     }
 
@@ -1070,6 +1095,6 @@ mod tests {
         c["layers_per_block"] = json!([1, 2]);
         c["up_block_types"] = json!(["UpBlock2D", "CrossAttnUpBlock2D"]);
         // Up blocks take layers_per_block + 1 skips each, reversed: they still mirror.
-        assert!(to_spec(&c.to_string(), "UNet2DConditionModel").is_ok());
+        assert!(to_spec(&c.to_string(), "UNet2DConditionModel", None).is_ok());
     }
 }

@@ -324,6 +324,48 @@ pub fn supported() -> Vec<&'static str> {
     all
 }
 
+/// An image size in pixels (`--image`): `512` (square) or `HEIGHTxWIDTH` (`1024x768`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageSize {
+    /// Height in pixels.
+    pub height: u64,
+    /// Width in pixels.
+    pub width: u64,
+}
+
+impl std::str::FromStr for ImageSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let side = |t: &str| {
+            t.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("`{s}` is not an image size: give pixels as 512 or HEIGHTxWIDTH (1024x768), each at least 1"))
+        };
+        match s.split_once(['x', 'X']) {
+            Some((h, w)) => Ok(ImageSize {
+                height: side(h)?,
+                width: side(w)?,
+            }),
+            None => {
+                let n = side(s)?;
+                Ok(ImageSize {
+                    height: n,
+                    width: n,
+                })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ImageSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.height, self.width)
+    }
+}
+
 /// The diffusers model classes memest imports (a config's `_class_name`), sorted.
 #[must_use]
 pub fn diffusers_classes() -> &'static [&'static str] {
@@ -475,6 +517,16 @@ fn trainer_hidden_size(text: &str) -> Option<u64> {
 /// architecture whose head memest does not know, a missing required field (named), an
 /// out-of-range value, or an unsupported activation.
 pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
+    to_spec_with(text, head, None)
+}
+
+/// As [`to_spec`], for an image of `image` pixels (`--image`): a diffusers UNet reads the latent
+/// the VAE makes of it, `[in_channels, height / 8, width / 8]`, instead of `sample_size`.
+///
+/// # Errors
+/// As [`to_spec`]; [`Error::Setting`] when `image` is given for a config that does not take it
+/// (only diffusers UNet configs do), or is not a multiple of 8 pixels.
+pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<ModelSpec, Error> {
     let value = serde_json::from_str::<Value>(text).ok();
     if let Some(class) = value
         .as_ref()
@@ -491,7 +543,13 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
                 ),
             ));
         }
-        return diffusers::to_spec(text, class);
+        return diffusers::to_spec(text, class, image);
+    }
+    if image.is_some() {
+        return Err(Error::setting(
+            crate::error::SettingKey::Image,
+            "--image applies to diffusers UNet2DConditionModel configs (the pixels the VAE encodes); a transformers vision config reads its `image_size`",
+        ));
     }
     if let Some(what) = value.as_ref().and_then(other_library) {
         return Err(Error::Hf(HfError {

@@ -890,6 +890,12 @@ fn flags(c: &mut Choices) -> Vec<String> {
     if c.chance(if w.0 { 4 } else { 1 }) {
         add("--head", Some(w.value_enum::<Head>(c)));
     }
+    if c.chance(3) {
+        add(
+            "--image",
+            Some(w.text(c, &["512", "64", "768x512"], &["0", "500", "8x"])),
+        );
+    }
     if c.chance(if w.0 { 5 } else { 2 }) {
         add("--print-model", None);
     }

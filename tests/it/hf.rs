@@ -1085,3 +1085,45 @@ fn vision_sizes_are_checked() {
         stderr(&out)
     );
 }
+
+/// `--image` builds a diffusers UNet for the VAE latent of that many pixels (÷ 8): SD v1.5's
+/// default `sample_size` 64 is `--image 512`; other sizes change the latent and the activations,
+/// never the parameters; sizes that are not multiples of 8 and models without an image size are
+/// refused (exit 2).
+#[test]
+fn image_flag_sizes_the_unet_latent() {
+    const SD15: &str = "examples/hf/stable-diffusion-v1-5-unet.json";
+    let dflt = report(&[SD15]);
+    let same = report(&[SD15, "--image", "512"]);
+    assert_eq!(dflt["input_shape"], same["input_shape"]);
+    assert_eq!(u(&dflt, "activations_bytes"), u(&same, "activations_bytes"));
+    let tall = report(&[SD15, "--image", "768x512"]);
+    assert_eq!(tall["input_shape"], serde_json::json!([1, 4, 96, 64]));
+    assert_eq!(u(&tall, "param_count"), 859_520_964);
+    assert!(u(&tall, "activations_bytes") > u(&dflt, "activations_bytes"));
+    // 1000 pixels: a latent of 125, upsampled to the skip connections' 63 and 125.
+    let odd = report(&[
+        "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
+        "--image",
+        "1000",
+    ]);
+    assert_eq!(odd["input_shape"], serde_json::json!([1, 4, 125, 125]));
+    for (args, want) in [
+        (
+            &[SD15, "--image", "500"][..],
+            "--image 500x500: height and width must be multiples of 8 pixels",
+        ),
+        (
+            &["examples/hf/gpt2.json", "--image", "512"][..],
+            "--image applies to diffusers UNet2DConditionModel configs",
+        ),
+        (
+            &["examples/mlp.toml", "--image", "512"][..],
+            "--image applies only to diffusers UNet configs",
+        ),
+        (&[SD15, "--image", "0x8"][..], "`0x8` is not an image size"),
+    ] {
+        let err = fails(args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
