@@ -322,3 +322,58 @@ fn expert_capacity_and_errors() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 10,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(20_261_203),
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Pipeline stages with a data-parallel engine inside each never lose or invent bytes: for
+    /// random plans of the tiny Llama (float32, AdamW; 4 blocks over `pp` ∈ {2, 4} stages;
+    /// `dp` ∈ {1, 2, 4} data-parallel ranks, each of whose dimensions divides by them) the
+    /// stages' per-GPU model states, summed over the stages, are the whole model's under DDP;
+    /// under FSDP full-shard they are its `dp`-th part, less each rank's own AdamW `step` (4
+    /// bytes for each of the 39 parameter tensors, kept whole on every rank): `Σ params · dp
+    /// = whole`, `Σ grads · dp = whole`, `Σ state · dp = whole + 156 · (dp − 1)`; the report's
+    /// peak is the worst stage's, and its categories at the peak add up to it.
+    #[test]
+    fn pipeline_stages_keep_every_byte(log_pp in 1u32..3, log_dp in 0u32..3, fsdp in proptest::bool::ANY) {
+        let (pp, dp) = (1u64 << log_pp, 1u64 << log_dp);
+        let gpus = (pp * dp).to_string();
+        let pps = pp.to_string();
+        let mut args = vec![
+            "examples/llama_tiny.toml", "--batch", "1", "--seq", "32", "--dtype", "float32",
+            "--optim", "adamw", "--device", "cpu", "--gpus", &gpus, "--pp", &pps,
+        ];
+        if fsdp {
+            args.extend(["--fsdp", "full-shard"]);
+        }
+        let r = report(&args);
+        let p = &r["parallel"];
+        let stages = p["stages"].as_array().expect("stages");
+        proptest::prop_assert_eq!(stages.len() as u64, pp);
+        let sum = |key: &str| -> u64 {
+            stages.iter().map(|s| get(s, &format!("/model_states/{key}"))).sum()
+        };
+        let whole = |key: &str| get(p, &format!("/unsharded/{key}"));
+        let n = if fsdp { dp } else { 1 };
+        proptest::prop_assert_eq!(sum("parameters_bytes") * n, whole("parameters_bytes"));
+        proptest::prop_assert_eq!(sum("gradients_bytes") * n, whole("gradients_bytes"));
+        proptest::prop_assert_eq!(
+            sum("optimizer_state_bytes") * n,
+            whole("optimizer_state_bytes") + 156 * (n - 1)
+        );
+        let worst = stages.iter().map(|s| get(s, "/peak_bytes")).max();
+        proptest::prop_assert_eq!(Some(u(&r, "peak_bytes")), worst);
+        let parts: u64 = r["at_peak"]
+            .as_object()
+            .expect("at_peak")
+            .values()
+            .filter_map(Value::as_u64)
+            .sum();
+        proptest::prop_assert_eq!(parts, u(&r, "peak_bytes"));
+    }
+}
