@@ -415,6 +415,8 @@ class CachingAllocatorSim:
         self.next_addr = 1 << 40
         self.live = {}  # key -> block
         self.segments = 0
+        self.events = None  # when a list: ["a"|"f", key, bytes, reserved after, phase, op] per event (--trace)
+        self.where = None  # () -> (phase, op) for the events, when set
 
     @classmethod
     def round_size(cls, n):
@@ -467,12 +469,16 @@ class CachingAllocatorSim:
         self.live[key] = blk
         self.allocated += blk.size
         self.max_allocated = max(self.max_allocated, self.allocated)
+        if self.events is not None:
+            self.events.append(["a", key, nbytes, self.reserved, *(self.where() if self.where else ())])
 
     def free(self, key):
         blk = self.live.pop(key, None)
         if blk is None:
             return
         self.allocated -= blk.size
+        if self.events is not None:
+            self.events.append(["f", key, blk.size, self.reserved, *(self.where() if self.where else ())])
         blk.free = True
         for nb in (blk.prev, blk.next):
             if nb is not None and nb.free:

@@ -148,6 +148,9 @@ def measure(case, args, gt):
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         stack.enter_context(fake_mode)
     tracker = fakecuda.AllocTracker(device_type=dev)
+    if args.trace and tracker.sim is not None:
+        tracker.sim.events = []
+        tracker.sim.where = lambda: (tracker.phase, tracker.last_op)
     stack.enter_context(tracker)
     sdpa_log = []
     routing = None
@@ -249,6 +252,8 @@ def measure(case, args, gt):
         before = tracker.cur
         before_sim = tracker.sim.allocated if tracker.sim else None
         tracker.reset_peak()
+        if args.trace and tracker.sim is not None:
+            tracker.sim.events.append(["reset"])
         if args.memtracker:
             from torch.distributed._tools.mem_tracker import MemTracker
             mt = MemTracker()
@@ -310,6 +315,12 @@ def measure(case, args, gt):
                 "max_reserved": tracker.sim.max_reserved,
                 "note": "model of CUDACachingAllocator fed with op-level allocations; no kernel workspaces",
             }
+        if args.trace and tracker.sim is not None:
+            os.makedirs(args.trace, exist_ok=True)
+            with open(os.path.join(args.trace, case["id"] + ".jsonl"), "w") as f:
+                for e in tracker.sim.events:
+                    f.write(json.dumps(e) + "\n")
+            tracker.sim.events = None
         if routing is not None:
             rec["moe_routing"] = {
                 "rule": "balanced: routed slot j of token t -> expert (t*k + j) mod E (ValueShadow)",
@@ -338,6 +349,9 @@ def main():
     ap.add_argument("--engine", default="python", choices=["python", "cpp"])
     ap.add_argument("--sm", default="9.0", type=lambda s: tuple(int(x) for x in s.split(".")))
     ap.add_argument("--detail", action="store_true")
+    ap.add_argument("--trace", metavar="DIR", help="write the allocator events (model load, warm-up step, [\"reset\"] before the measured step, "
+                    "the measured step) to DIR/ID.jsonl: [\"a\"|\"f\", block id, bytes (requested; freed: the "
+                    "block's), reserved after, phase, op]")
     ap.add_argument("--memtracker", action="store_true", help="also run torch.distributed._tools.mem_tracker.MemTracker")
     args = ap.parse_args()
     if args.engine == "cpp" and args.mode == "fake-cuda":

@@ -1,6 +1,13 @@
 //! The replay's tensors as the CUDA caching allocator sees them: each tensor the replay makes
 //! live or dead becomes a `malloc` or `free` of [`crate::alloc::CachingAllocator`], under a
 //! key naming what the tensor is.
+//!
+//! A developer's aid: with the environment variable `MEMEST_ALLOC_TRACE` set to a file name, the
+//! allocator replay writes its stream there when it ends (`a KEY BYTES RESERVED_AFTER` per
+//! malloc, `f KEY` per block freed, `r FROM TO BLOCKS` when blocks change key, `# F|B|R STEP OP
+//! LAYER` before each forward, backward and recomputed step, `# OPT` before the optimizer step,
+//! `# RESET` where the peaks are reset). `tools/alloc_trace_diff.py` compares it with
+//! `tools/measure_fake_cuda.py --trace`'s stream. It changes no figure.
 
 use std::collections::HashMap;
 
@@ -40,6 +47,20 @@ pub(super) struct Heap {
     alloc: CachingAllocator,
     blocks: HashMap<Key, Vec<BlockId>>,
     error: Option<Error>,
+    /// The stream, when `MEMEST_ALLOC_TRACE` names a file to write it to (module docs).
+    trace: Option<Vec<String>>,
+}
+
+/// The environment variable naming the file [`Heap`] writes its stream to.
+const TRACE_VAR: &str = "MEMEST_ALLOC_TRACE";
+
+impl Drop for Heap {
+    /// Writes the stream (a developer's aid: a file that cannot be written is skipped).
+    fn drop(&mut self) {
+        if let (Some(t), Some(p)) = (&self.trace, std::env::var_os(TRACE_VAR)) {
+            let _ = std::fs::write(p, t.join("\n") + "\n");
+        }
+    }
 }
 
 impl Heap {
@@ -49,12 +70,17 @@ impl Heap {
             alloc: CachingAllocator::new(config),
             blocks: HashMap::new(),
             error: None,
+            trace: std::env::var_os(TRACE_VAR).map(|_| Vec::new()),
         }
     }
 
     /// A block of `bytes` under `key` (a key may hold several).
     pub(super) fn alloc(&mut self, key: Key, bytes: u64) {
-        match self.alloc.malloc(bytes) {
+        let r = self.alloc.malloc(bytes);
+        if let Some(t) = &mut self.trace {
+            t.push(format!("a {key:?} {bytes} {}", self.alloc.reserved()));
+        }
+        match r {
             Ok(Some(b)) => self.blocks.entry(key).or_default().push(b),
             Ok(None) => {}
             Err(e) => {
@@ -66,9 +92,19 @@ impl Heap {
     /// Frees every block under `key` (none: nothing).
     pub(super) fn free(&mut self, key: Key) {
         for b in self.blocks.remove(&key).unwrap_or_default() {
+            if let Some(t) = &mut self.trace {
+                t.push(format!("f {key:?}"));
+            }
             if let Err(e) = self.alloc.free(b) {
                 self.error.get_or_insert(e);
             }
+        }
+    }
+
+    /// A mark in the stream, when it is written (module docs).
+    pub(super) fn note(&mut self, f: impl FnOnce() -> String) {
+        if let Some(t) = &mut self.trace {
+            t.push(f());
         }
     }
 
@@ -83,12 +119,18 @@ impl Heap {
     /// Moves the blocks under `from` to `to` (the same tensors under a new name).
     pub(super) fn rename(&mut self, from: Key, to: Key) {
         if let Some(bs) = self.blocks.remove(&from) {
+            if let Some(t) = &mut self.trace {
+                t.push(format!("r {from:?} {to:?} {}", bs.len()));
+            }
             self.blocks.entry(to).or_default().extend(bs);
         }
     }
 
     /// Restarts the peaks from now (`torch.cuda.reset_peak_memory_stats()`).
     pub(super) fn reset_peaks(&mut self) {
+        if let Some(t) = &mut self.trace {
+            t.push("# RESET".to_string());
+        }
         self.alloc.reset_peaks();
     }
 

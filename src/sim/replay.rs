@@ -506,6 +506,9 @@ impl<'a> Replay<'a> {
         let (tape, facts) = (self.tape, self.facts);
         let units = self.dist.map_or(&[][..], |d| &d.units[..]);
         for (i, step) in tape.steps.iter().enumerate() {
+            if let Some(h) = &mut self.heap {
+                h.note(|| format!("# F {i} {:?} {}", step.op, tape.layers[step.layer].path));
+            }
             for (u, unit) in units.iter().enumerate() {
                 if unit.steps.start == i {
                     self.gather(u, Phase::Forward, Some(step.layer));
@@ -619,6 +622,9 @@ impl<'a> Replay<'a> {
                 self.recompute(g, &grads);
             }
             let step = &tape.steps[i];
+            if let Some(h) = &mut self.heap {
+                h.note(|| format!("# B {i} {:?} {}", step.op, tape.layers[step.layer].path));
+            }
             let mut transient = 0u64;
             let mut moved: Option<u64> = None;
             if step.view_grad {
@@ -810,6 +816,9 @@ impl<'a> Replay<'a> {
             .map_or(seg.start, |j| j + 1);
         for j in seg.start..stop {
             let step = &tape.steps[j];
+            if let Some(h) = &mut self.heap {
+                h.note(|| format!("# R {j} {:?} {}", step.op, tape.layers[step.layer].path));
+            }
             for &s in &step.allocs {
                 if !self.live[s] {
                     self.act_cat[s] = if kept.contains(&s) {
@@ -1017,6 +1026,9 @@ impl Replay<'_> {
         first: bool,
     ) {
         let has = |v: ValueId| bwd.has_grad.get(v).copied().unwrap_or(false);
+        if let Some(h) = &mut self.heap {
+            h.note(|| "# OPT".to_string());
+        }
         for t in plan.tensors.iter().filter(|t| has(t.id)) {
             if let Some(copy) = t.grad_copy_bytes {
                 self.heap_alloc(Key::MasterGrad(t.id), copy);
