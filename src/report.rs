@@ -547,8 +547,9 @@ pub struct Budget {
     pub budget_bytes: u64,
     /// Which figure is checked (`--budget-on`): `device` (`device_bytes`, the default on a
     /// GPU), `reserved` (`reserved_peak_bytes`) or `allocated` (`allocated_peak_bytes`; on the
-    /// CPU always, as `total_bytes`). Where the allocator is not modelled (`--gpus`), reserved
-    /// and allocated are `total_bytes`.
+    /// CPU always, as `total_bytes`). Where the allocator is not modelled (a multi-GPU plan
+    /// other than DDP or FSDP alone: [`crate::sim::Simulation::allocator`]), reserved and
+    /// allocated are `total_bytes`.
     pub on: BudgetOn,
     /// The figure checked, in bytes.
     pub checked_bytes: u64,
@@ -574,8 +575,8 @@ pub struct GpuReport {
 }
 
 /// The peaks the caching allocator reports, `(max_memory_allocated, max_memory_reserved)`:
-/// the allocator model's ([`Simulation::allocator`]); where it does not run (the CPU, `--gpus`)
-/// both are the tensor peak.
+/// the allocator model's ([`Simulation::allocator`]); where it does not run (the CPU, a
+/// multi-GPU plan other than DDP or FSDP alone) both are the tensor peak.
 fn allocator_peaks(sim: &Simulation) -> (u64, u64) {
     sim.allocator.map_or((sim.peak_bytes, sim.peak_bytes), |a| {
         (a.allocated_peak_bytes, a.reserved_peak_bytes)

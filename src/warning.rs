@@ -46,7 +46,7 @@ pub enum Warning {
         fits: u64,
     },
     /// `--expandable-segments` where the CUDA caching allocator is not modelled (`--device
-    /// cpu`, or several GPUs).
+    /// cpu`, or a multi-GPU plan other than DDP and FSDP alone).
     ExpandableSegmentsWithoutAllocator,
     /// A key of a `--deepspeed` or `--accelerate` config that memest reads but does not model,
     /// or does not know.
@@ -102,7 +102,7 @@ impl Warning {
             ),
             Warning::ConfigKey { file, key, message } => format!("{file}: {key}: {message}"),
             Warning::ExpandableSegmentsWithoutAllocator => {
-                "--expandable-segments has no effect: the CUDA caching allocator is modelled for one CUDA GPU (not --device cpu or --gpus)"
+                "--expandable-segments has no effect: the CUDA caching allocator is modelled on CUDA for one GPU or each rank of DDP and FSDP (not --device cpu, DeepSpeed ZeRO, tensor, pipeline, context or expert parallelism, or offloading)"
                     .to_string()
             }
         }

@@ -40,6 +40,16 @@ pub(super) enum Key {
     StepTemporaries,
     /// An EMA copy of the weights.
     Ema,
+    /// DDP's flat bucket tensors.
+    DdpBucket,
+    /// A unit's gathered (unsharded) parameters, FSDP.
+    Gathered(usize),
+    /// A unit's all-gather output buffer, FSDP2.
+    GatherBuffer(usize),
+    /// A unit's reduce-scatter input, FSDP2.
+    ReduceBuffer(usize),
+    /// A unit's gradient shards (the reduce-scatter output), FSDP2.
+    ShardGrads(usize),
 }
 
 /// The allocator, the blocks under each key, and the first error met.

@@ -211,7 +211,9 @@ pub struct Simulation {
     /// (optimizer state, master weights and optimizer-step temporaries are not tensors of the
     /// tape and are not listed).
     pub live_at_peak: Option<Vec<LiveTensor>>,
-    /// What the CUDA caching allocator reports for the step, on [`Device::Cuda`] and one GPU.
+    /// What the CUDA caching allocator reports for the step, on [`Device::Cuda`]: on one GPU, or
+    /// on the worst rank of a DDP or FSDP plan from that rank's own stream (not under DeepSpeed
+    /// ZeRO, tensor, pipeline, context or expert parallelism or offloading: `None` there).
     pub allocator: Option<AllocatorPeaks>,
     /// Pipeline parallelism: each pipeline rank's figures, first stage first (empty without
     /// `--pp`). The other figures are then the worst rank's.
@@ -663,9 +665,10 @@ fn simulate_inner(
         .points
         .take()
         .map(|all| Timeline::new(all, replay.peak_event));
-    // Several GPUs: each rank's allocator is not modelled yet (its shards, gathers and
-    // buckets are counted in bytes only).
-    let allocator = if settings.device == Device::Cuda && dist.is_none() {
+    // Several GPUs: the worst rank's own allocation stream, where the plan's engine is
+    // modelled tensor by tensor (`Dist::allocator`: DDP, FSDP).
+    let allocator = if settings.device == Device::Cuda && dist.as_ref().is_none_or(|d| d.allocator)
+    {
         let config = crate::alloc::Config {
             expandable_segments: settings.expandable_segments,
             max_split_size: None,
@@ -673,6 +676,7 @@ fn simulate_inner(
         Some(allocator_peaks(
             tape,
             &facts,
+            dist.as_ref(),
             &plan,
             training.then_some(param_grad),
             config,
@@ -939,10 +943,15 @@ fn simulate_pipeline(
 /// optimizer's per-parameter temporaries and whether `zero_grad` keeps the gradients (the
 /// measured step then adds into the warm-up step's), as [`simulate`] runs them; `ema` the
 /// tensors of an EMA copy, made after the model is loaded, and each parameter's update
-/// temporary (two at once, after the optimizer step: [`ema_update_bytes`]).
+/// temporary (two at once, after the optimizer step: [`ema_update_bytes`]). Under a parallel
+/// plan (`dist`), the stream is that rank's: its parameter shards, its engine's buffers
+/// ([`Replay::load`], [`Replay::rebuild_ddp_buckets`]), gathers and reductions, and its
+/// optimizer's part (`plan` is then the rank's).
+#[allow(clippy::too_many_arguments)]
 fn allocator_peaks(
     tape: &Tape,
     facts: &Liveness,
+    dist: Option<&parallel::Dist>,
     plan: &OptimizerPlan<ValueId>,
     training: Option<Option<(DType, DType)>>,
     config: crate::alloc::Config,
@@ -950,6 +959,9 @@ fn allocator_peaks(
     (ema, ema_update): (impl Iterator<Item = u64>, &[u64]),
 ) -> Result<AllocatorPeaks, Error> {
     let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
+    if let Some(d) = dist {
+        r.distributed(d);
+    }
     r.load();
     r.ema_copy(ema);
     r.optimizer_init(plan);
@@ -960,6 +972,9 @@ fn allocator_peaks(
         }
         if kept.is_none() {
             r.zero_grad();
+        }
+        if !first {
+            r.rebuild_ddp_buckets();
         }
         r.load_past();
         r.forward(training.is_some());

@@ -137,6 +137,60 @@ pub(super) struct Dist {
     /// Expert parallelism: per step, the bytes of an all-to-all receive buffer live during it
     /// (the dispatch's in forward and backward).
     pub step_comm: HashMap<usize, u64>,
+    /// DDP's bucket tensors as the caching allocator gets them ([`DdpBuckets`]); empty for
+    /// other engines.
+    pub ddp_buckets: DdpBuckets,
+    /// Whether the caching allocator's replay models this plan ([`Dist::allocator_modelled`]).
+    pub allocator: bool,
+}
+
+/// DDP's flat bucket tensors, bytes of each (`Reducer::initialize_buckets`: one
+/// `at::empty` per bucket, in the buckets' order), at construction and after the rebuild.
+///
+/// `DistributedDataParallel.__init__` assigns the parameters (registration order, trainable
+/// ones) to buckets with `_compute_bucket_assignment_by_size` (`reducer.cpp`: per dtype, a
+/// bucket closes once its bytes reach the current limit; the limits are
+/// `[_DEFAULT_FIRST_BUCKET_BYTES, bucket_cap]`, the first for each dtype's first bucket) and
+/// hands the Reducer the buckets reversed. At the second iteration's forward
+/// (`_rebuild_buckets`, once, unless `static_graph`) the Reducer frees them and assigns again
+/// in the order the gradients became ready in the first backward (the reverse of the
+/// parameters' order here), limits as before, and allocates the new buckets in that order.
+#[derive(Clone, Debug, Default)]
+pub(super) struct DdpBuckets {
+    /// At construction, in the Reducer's order.
+    pub initial: Vec<u64>,
+    /// After the rebuild at the second iteration, in order.
+    pub rebuilt: Vec<u64>,
+}
+
+impl DdpBuckets {
+    /// The buckets of `params` (bytes and dtype of each, in the order given) under `limits`
+    /// (`[first, cap]`), in assignment order: `_compute_bucket_assignment_by_size`.
+    fn assign(params: impl Iterator<Item = (u64, DType)>, limits: [u64; 2]) -> Vec<u64> {
+        // Open buckets per dtype: bytes, first parameter's index, limit index.
+        let mut open: Vec<(DType, u64, usize, usize)> = Vec::new();
+        let mut closed: Vec<(usize, u64)> = Vec::new();
+        for (i, (bytes, dtype)) in params.enumerate() {
+            let at = match open.iter().position(|o| o.0 == dtype) {
+                Some(at) => at,
+                None => {
+                    open.push((dtype, 0, usize::MAX, 0));
+                    open.len() - 1
+                }
+            };
+            let b = &mut open[at];
+            b.1 = b.1.saturating_add(bytes);
+            b.2 = b.2.min(i);
+            if b.1 >= limits[b.3] {
+                closed.push((b.2, b.1));
+                *b = (dtype, 0, usize::MAX, 1);
+            }
+        }
+        closed.extend(open.iter().filter(|o| o.1 > 0).map(|o| (o.2, o.1)));
+        // Sorted by the smallest parameter index each holds.
+        closed.sort_unstable();
+        closed.into_iter().map(|c| c.1).collect()
+    }
 }
 
 impl Dist {
@@ -388,6 +442,8 @@ impl Dist {
             },
             cpu_bytes: 0,
             cpu_pinned_bytes: 0,
+            ddp_buckets: DdpBuckets::default(),
+            allocator: false,
         };
         // FSDP with a `mixed-*` recipe is FSDP2's `MixedPrecisionPolicy(param_dtype=<16-bit>)`:
         // the sharded parameters stay in the master dtype (float32) and are the optimizer's
@@ -530,6 +586,16 @@ impl Dist {
                 } else {
                     dist.comm_always = total_grad;
                 }
+                let limits = [d.first_bucket_bytes, d.bucket_cap_bytes];
+                let grads = || {
+                    trainable
+                        .iter()
+                        .map(|t| (t.grad_bytes, grad_dtype(t.dtype)))
+                };
+                let mut initial = DdpBuckets::assign(grads(), limits);
+                initial.reverse();
+                let rebuilt = DdpBuckets::assign(grads().rev(), limits);
+                dist.ddp_buckets = DdpBuckets { initial, rebuilt };
             }
             Sharding::Fsdp(f) => {
                 if f.strategy == FsdpStrategy::NoShard || f.shard_group <= 1 {
@@ -656,7 +722,23 @@ impl Dist {
             .iter()
             .fold(0u64, |a, t| a.max(bytes_of(grad_dtype(t.dtype), t.numel)));
         dist.offload(plan, tape, largest_grad, settings.grad_accum);
+        dist.allocator = Dist::allocator_modelled(plan);
         dist
+    }
+
+    /// Whether the caching allocator's replay runs this plan rank by rank: DDP (its buckets,
+    /// the gradients beside them or as their views) and FSDP2 (the shards, each unit's
+    /// all-gather buffer and gathered parameters, its reduce-scatter input and gradient
+    /// shards), data parallelism alone and nothing offloaded. Under DeepSpeed ZeRO, tensor,
+    /// pipeline, context or expert parallelism and offloading the allocator figures are left
+    /// out (the report then gives the tensor peak for them).
+    fn allocator_modelled(plan: &Plan) -> bool {
+        matches!(plan.sharding, Sharding::Ddp(_) | Sharding::Fsdp(_))
+            && plan.tp <= 1
+            && plan.pp <= 1
+            && plan.cp <= 1
+            && plan.experts.is_none()
+            && !plan.offload.any()
     }
 
     /// Moves what `plan` offloads from this GPU to the host, after the engine's own figures are
@@ -882,4 +964,33 @@ fn units(
         out.insert(0, root_unit);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DdpBuckets;
+    use crate::dtype::DType;
+
+    const MIB: u64 = 1 << 20;
+
+    /// `_compute_bucket_assignment_by_size` with limits `[1 MiB, 25 MiB]`: the first bucket of
+    /// each dtype closes at 1 MiB, the later ones at 25 MiB, a bucket closes on the parameter
+    /// that reaches its limit (so it can exceed it), dtypes never share a bucket, and the
+    /// buckets come sorted by the first parameter each holds.
+    #[test]
+    fn ddp_buckets_close_at_their_limits() {
+        let f = DType::Float32;
+        let h = DType::Bfloat16;
+        let params = [
+            (MIB / 2, f),
+            (MIB / 2, f),  // f32 bucket 1 reaches 1 MiB: closed (params 0, 1)
+            (3 * MIB, h),  // bf16 bucket 1: 3 MiB >= 1 MiB, closed (param 2)
+            (20 * MIB, f), // f32 bucket 2 opens (limit 25 MiB)
+            (10 * MIB, f), // 30 MiB: closed (params 3, 4)
+            (MIB, h),      // bf16 bucket 2 (limit 25 MiB), left open
+            (2 * MIB, f),  // f32 bucket 3, left open
+        ];
+        let buckets = DdpBuckets::assign(params.into_iter(), [MIB, 25 * MIB]);
+        assert_eq!(buckets, vec![MIB, 3 * MIB, 30 * MIB, MIB, 2 * MIB]);
+    }
 }

@@ -63,8 +63,10 @@ pub(super) struct Replay<'a> {
     gathered: Vec<bool>,
     /// The caching allocator fed every tensor, when asked for ([`Replay::with_heap`]).
     pub heap: Option<Heap>,
-    /// FSDP2's last all-gather output in forward, kept until the next all-gather.
+    /// FSDP2's last all-gather output in forward, kept until the next all-gather: its bytes
+    /// and unit.
     pending_gather: u64,
+    pending_unit: Option<usize>,
     /// Whether DeepSpeed's gradient partition buffer exists yet.
     partition_buffer: bool,
     /// Every event's place in the step and totals, when asked for ([`Replay::log`]).
@@ -138,6 +140,7 @@ impl<'a> Replay<'a> {
             gathered: Vec::new(),
             heap: None,
             pending_gather: 0,
+            pending_unit: None,
             partition_buffer: false,
             log: None,
             bucket: Vec::new(),
@@ -171,6 +174,11 @@ impl<'a> Replay<'a> {
         self.gathered[u] = true;
         let unit = &d.units[u];
         let w = unit.gathered_bytes;
+        // The all-gather output first, then the unsharded parameters it is copied out into.
+        if unit.gather_buffer {
+            self.heap_alloc(Key::GatherBuffer(u), w);
+        }
+        self.heap_alloc(Key::Gathered(u), w);
         self.add(Category::CommBuffers, w);
         if unit.gather_buffer {
             self.add(Category::CommBuffers, w);
@@ -178,8 +186,12 @@ impl<'a> Replay<'a> {
             if phase == Phase::Forward {
                 let previous = std::mem::replace(&mut self.pending_gather, w);
                 self.sub(Category::CommBuffers, previous);
+                if let Some(p) = self.pending_unit.replace(u) {
+                    self.heap_free(Key::GatherBuffer(p));
+                }
             } else {
                 self.sub(Category::CommBuffers, w);
+                self.heap_free(Key::GatherBuffer(u));
             }
         }
     }
@@ -191,6 +203,7 @@ impl<'a> Replay<'a> {
         {
             self.gathered[u] = false;
             self.sub(Category::CommBuffers, d.units[u].gathered_bytes);
+            self.heap_free(Key::Gathered(u));
         }
     }
 
@@ -220,17 +233,24 @@ impl<'a> Replay<'a> {
         if buffer > 0 {
             // The whole gradients are copied into the reduce-scatter input, then freed.
             self.add(Category::CommBuffers, buffer);
+            self.heap_alloc(Key::ReduceBuffer(u), buffer);
             self.check(Phase::Backward, layer, At::Communication);
         }
+        let mut shards = 0u64;
         for &(v, whole, shard) in &d.units[u].grads {
             if fresh.get(v).copied().unwrap_or(false) {
                 self.sub(Category::Gradients, whole);
+                self.heap_free(Key::ParamGrad(v));
                 if !into_buffer && !sharded.get(v).copied().unwrap_or(false) {
                     self.add(Category::Gradients, shard);
+                    shards = shards.saturating_add(shard);
                 }
             }
         }
+        // The reduce-scatter output holds the unit's gradient shards (views of one tensor).
+        self.heap_alloc(Key::ShardGrads(u), shards);
         self.sub(Category::CommBuffers, buffer);
+        self.heap_free(Key::ReduceBuffer(u));
     }
 
     /// Makes a step's scratch blocks ([`crate::trace::Step::scratch`]) live as temporaries
@@ -553,6 +573,9 @@ impl<'a> Replay<'a> {
         }
         let last = std::mem::take(&mut self.pending_gather);
         self.sub(Category::CommBuffers, last);
+        if let Some(p) = self.pending_unit.take() {
+            self.heap_free(Key::GatherBuffer(p));
+        }
     }
 
     /// The backward pass, steps in reverse: a checkpointed segment is recomputed before its
@@ -697,8 +720,8 @@ impl<'a> Replay<'a> {
                         fresh[v] = true;
                         if grads_in_backward {
                             self.add(Category::Gradients, bytes);
+                            self.heap_alloc(Key::ParamGrad(v), bytes);
                         }
-                        self.heap_alloc(Key::ParamGrad(v), bytes);
                         if self.snap_at.is_some() {
                             self.param_grads.push((v, bytes));
                         }
@@ -947,16 +970,48 @@ impl Replay<'_> {
     /// `model.to("cuda")`, then the batch moved to the device: parameters and buffers in tape
     /// order (the order their layers run, which is their modules' order), then the input
     /// batch and its labels.
+    ///
+    /// On one rank of a data-parallel plan ([`Replay::distributed`]): each parameter's resident
+    /// bytes (its FSDP shard, made as `fully_shard` makes it from a model built on the meta
+    /// device or loaded shard by shard), then DDP's buckets (the wrapper is built after the
+    /// model is on the device), then the batch.
     pub(super) fn load(&mut self) {
         let tape = self.tape;
-        for kinds in [
-            &[StorageKind::Parameter, StorageKind::Buffer][..],
-            &[StorageKind::Input][..],
-        ] {
-            for (s, storage) in tape.storages.iter_enumerated() {
-                if kinds.contains(&storage.kind) {
-                    self.alloc(s);
+        for (s, storage) in tape.storages.iter_enumerated() {
+            if matches!(storage.kind, StorageKind::Parameter | StorageKind::Buffer) {
+                match self.dist.and_then(|d| d.resident.get(&s)) {
+                    Some(&bytes) if storage.kind == StorageKind::Parameter => {
+                        if !self.live[s] {
+                            self.live[s] = true;
+                            self.add(Category::Parameters, bytes);
+                            self.heap_alloc(Key::Storage(s), bytes);
+                        }
+                    }
+                    _ => self.alloc(s),
                 }
+            }
+        }
+        if let Some(d) = self.dist {
+            for &b in &d.ddp_buckets.initial {
+                self.heap_alloc(Key::DdpBucket, b);
+            }
+        }
+        for (s, storage) in tape.storages.iter_enumerated() {
+            if storage.kind == StorageKind::Input {
+                self.alloc(s);
+            }
+        }
+    }
+
+    /// DDP's bucket rebuild at the second iteration's forward ([`super::parallel::DdpBuckets`]):
+    /// the construction's buckets are freed, the rebuilt ones allocated.
+    pub(super) fn rebuild_ddp_buckets(&mut self) {
+        if let Some(d) = self.dist
+            && !d.ddp_buckets.initial.is_empty()
+        {
+            self.heap_free(Key::DdpBucket);
+            for &b in &d.ddp_buckets.rebuilt {
+                self.heap_alloc(Key::DdpBucket, b);
             }
         }
     }
@@ -1067,7 +1122,12 @@ impl Replay<'_> {
     /// `optimizer.zero_grad(set_to_none=True)`: the gradients (and their float32 copies) go.
     pub(super) fn zero_grad(&mut self) {
         if let Some(h) = &mut self.heap {
-            h.free_all(|k| matches!(k, Key::ParamGrad(_) | Key::MasterGrad(_)));
+            h.free_all(|k| {
+                matches!(
+                    k,
+                    Key::ParamGrad(_) | Key::MasterGrad(_) | Key::ShardGrads(_)
+                )
+            });
         }
     }
 }

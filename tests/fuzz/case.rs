@@ -531,8 +531,9 @@ fn check_report(r: &Report, query: &Query) -> Result<(), String> {
 }
 
 /// The allocator and device figures: on CUDA, tensor peak ≤ allocated ≤ reserved and device =
-/// reserved + context + workspaces (under a multi-GPU plan, where the allocator is not
-/// modelled, reserved is the tensor peak); none of them on the CPU; `--gpu`'s card.
+/// reserved + context + workspaces (+ NCCL's buffers under a multi-GPU plan; where the plan's
+/// allocator is not modelled, reserved is the tensor peak); none of them on the CPU; `--gpu`'s
+/// card.
 fn check_device(r: &Report, query: &Query) -> Result<(), String> {
     match r.settings.device {
         Device::Cpu => {
@@ -555,9 +556,6 @@ fn check_device(r: &Report, query: &Query) -> Result<(), String> {
             };
             let reserved = match (r.allocated_peak_bytes, r.reserved_peak_bytes) {
                 (Some(allocated), Some(reserved)) => {
-                    if r.parallel.is_some() {
-                        return Err("an allocator figure under a multi-GPU plan".into());
-                    }
                     // Every tensor is a block of at least its size, so the allocator's peak
                     // is at least the tensor peak, less what lives on the host: a torch.optim
                     // optimizer's float32 `step` counters (4 B per parameter tensor, counted in
