@@ -183,6 +183,12 @@ pub struct Cli {
     /// measured with lazy module loading]
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     cuda_context: Option<u64>,
+    /// cuDNN's workspace per convolution call, e.g. 256MiB (the cap CUDNN_CONV_WSCAP_DBG sets):
+    /// each convolution's forward and its two backward convolutions take one from the caching
+    /// allocator and free it after, as PyTorch's cuDNN convolutions do [default: not counted;
+    /// their size depends on the engine cuDNN picks]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    cudnn_workspace: Option<u64>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     format: OutputFormat,
@@ -231,7 +237,7 @@ pub struct Cli {
             "expandable_segments", "keep_grads", "format", "budget", "si", "per_layer", "sweep", "explain", "timeline",
             "grad_accum", "optim_in_backward", "paged", "ema", "lora_dtype", "lora_dropout",
             "qlora_stack",
-            "gpu", "budget_on", "cuda_context",
+            "gpu", "budget_on", "cuda_context", "cudnn_workspace",
         ]
     )]
     print_model: bool,
@@ -809,6 +815,7 @@ impl Cli {
             qlora_stack: self.qlora_stack,
             gpu: self.gpu,
             cuda_context: self.cuda_context,
+            cudnn_workspace: self.cudnn_workspace,
             budget_on: self.budget_on,
         };
         let search = if self.max_batch {

@@ -785,15 +785,43 @@ fn write_device(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result 
     } else {
         "the tensors (the caching allocator is not modelled here: reserved is the tensor peak)"
     };
+    // cuDNN's convolution workspaces: counted in the reserve with `--cudnn-workspace`; where the
+    // model has convolutions and the flag is not given, the line says how to count them.
+    let convs = r.layers.iter().any(|l| {
+        matches!(
+            l.kind,
+            LayerKind::Conv1d
+                | LayerKind::Conv2d
+                | LayerKind::Conv3d
+                | LayerKind::ConvTranspose1d
+                | LayerKind::ConvTranspose2d
+                | LayerKind::ConvTranspose3d
+        )
+    });
+    let (reserve, cudnn) = match r.settings.cudnn_workspace {
+        Some(ws) if convs => (
+            format!(
+                "{reserve} (with a {} cuDNN workspace at each convolution, as --cudnn-workspace gives it)",
+                fmt(ws)
+            ),
+            "",
+        ),
+        Some(_) => (reserve.to_string(), ""),
+        None if convs => (
+            reserve.to_string(),
+            "cuDNN convolution workspaces (--cudnn-workspace SIZE counts them), ",
+        ),
+        None => (reserve.to_string(), "cuDNN convolution workspaces, "),
+    };
     if nccl > 0 {
         writeln!(
             out,
-            "the device figure counts {reserve}, the CUDA context, cuBLAS workspaces and NCCL's default channel buffers; it leaves out cuDNN convolution workspaces, more NCCL channels or communicators than the default, kernels loaded after the context's first use and other processes"
+            "the device figure counts {reserve}, the CUDA context, cuBLAS workspaces and NCCL's default channel buffers; it leaves out {cudnn}more NCCL channels or communicators than the default, kernels loaded after the context's first use and other processes"
         )
     } else {
         writeln!(
             out,
-            "the device figure counts {reserve}, the CUDA context and cuBLAS workspaces; it leaves out cuDNN convolution workspaces, NCCL buffers, kernels loaded after the context's first use and other processes"
+            "the device figure counts {reserve}, the CUDA context and cuBLAS workspaces; it leaves out {cudnn}NCCL buffers, kernels loaded after the context's first use and other processes"
         )
     }
 }

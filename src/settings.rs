@@ -54,6 +54,8 @@ pub struct Overrides {
     pub gpu: Option<&'static crate::gpu::Gpu>,
     /// `--cuda-context`, in bytes.
     pub cuda_context: Option<u64>,
+    /// `--cudnn-workspace`, in bytes.
+    pub cudnn_workspace: Option<u64>,
     /// `--budget-on`.
     pub budget_on: Option<BudgetOn>,
 }
@@ -369,6 +371,14 @@ pub struct Settings {
     #[serde(skip)]
     #[schemars(skip)]
     pub cuda_context: Option<u64>,
+    /// `--cudnn-workspace`: the bytes of the workspace each cuDNN convolution call takes from
+    /// the caching allocator (on CUDA; `None`: not counted). PyTorch's `run_conv_plan`
+    /// (`aten/src/ATen/native/cudnn/Conv_v8.cpp`) allocates the chosen engine's
+    /// `getWorkspaceSize()` bytes for the call and frees them after; the size is the user's
+    /// (e.g. the `CUDNN_CONV_WSCAP_DBG` cap), not measured.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub cudnn_workspace: Option<u64>,
     /// Which figure the budget checks (`--budget-on`; on the CPU always the tensors' peak).
     #[serde(skip)]
     #[schemars(skip)]
@@ -586,6 +596,7 @@ impl Settings {
             arch: o.gpu.map_or(Arch::DEFAULT, |g| g.arch.clone()),
             gpu: o.gpu,
             cuda_context: o.cuda_context,
+            cudnn_workspace: o.cudnn_workspace.filter(|_| device == Device::Cuda),
             budget_on: o.budget_on.unwrap_or_default(),
             lora: o.lora.clone(),
             quant: o.quant,

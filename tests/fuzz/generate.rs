@@ -814,6 +814,14 @@ fn flags(c: &mut Choices) -> Vec<String> {
         );
         add("--cuda-context", Some(size));
     }
+    if c.chance(8) {
+        let size = w.text(
+            c,
+            &["64MiB", "0", "1GiB", "512"],
+            &["18446744073709551615", "x"],
+        );
+        add("--cudnn-workspace", Some(size));
+    }
     if c.chance(12) {
         // Several GPUs: a count, an engine and its options (a tame set keeps each option to
         // its engine).

@@ -109,7 +109,18 @@ impl Tracer<'_> {
             let xs = self.val(xc).shape.clone();
             allocs.push(self.storage(&xs, dtype, StorageKind::Activation, "reordered input")?);
         }
-        self.call(Call::new(AtenOp::Convolution, ins, vec![y]).allocs(allocs))?;
+        // On CUDA, with `--cudnn-workspace`: cuDNN's workspace, taken from the caching allocator
+        // for the call and freed after it (`run_conv_plan`, Conv_v8.cpp), in the forward and in
+        // each of the backward's data and weight convolutions, which run one after the other.
+        let workspace = match self.s.cudnn_workspace {
+            Some(ws) if self.s.device == Device::Cuda => vec![ws],
+            _ => Vec::new(),
+        };
+        self.call(
+            Call::new(AtenOp::Convolution, ins, vec![y])
+                .allocs(allocs)
+                .scratch(workspace.clone(), workspace),
+        )?;
         Ok(y)
     }
 }
