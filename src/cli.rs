@@ -220,9 +220,10 @@ pub struct Cli {
     /// model without a loss.
     #[arg(long, value_enum, default_value_t = Head::Auto)]
     head: Head,
-    /// Image size in pixels for a diffusers UNet config: 512 or HEIGHTxWIDTH (1024x768), a
-    /// multiple of 8; the UNet reads the VAE's latent of it, [channels, H/8, W/8] (default: the
-    /// config's sample_size · 8).
+    /// Image size in pixels: 512 or HEIGHTxWIDTH (1024x768). A diffusers UNet config reads the
+    /// VAE's latent of it, [channels, H/8, W/8], a multiple of 8 (default: the config's
+    /// sample_size · 8); a vision or multimodal transformers config (ViT, CLIP, LLaVA, …) reads
+    /// its image_size and checks this against it.
     #[arg(long, value_name = "SIZE")]
     image: Option<memest::hf::ImageSize>,
     /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face
@@ -582,7 +583,7 @@ pub struct Request {
     pub input: InputSource,
     /// The head on a Hugging Face config.
     pub head: Head,
-    /// `--image`: the image size a diffusers UNet config is built for.
+    /// `--image`: the image size a diffusers UNet or a vision or multimodal config reads.
     pub image: Option<memest::hf::ImageSize>,
     /// Overrides, budget, search and the warnings the flags raise.
     pub query: Query,

@@ -393,7 +393,7 @@ pub fn load_spec_with(
     if image.is_some() {
         return Err(Error::setting(
             error::SettingKey::Image,
-            "--image applies only to diffusers UNet configs; in a memest model file the input shape gives the image size",
+            "--image applies only to Hugging Face configs (diffusers UNets, vision and multimodal transformers configs); in a memest model file the input shape gives the image size",
         ));
     }
     if head != hf::Head::Auto {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Extract, from PyTorch's tools/autograd/derivatives.yaml, which tensors each backward formula reads.
 
-For every operator memest's table names (`src/trace/aten.rs`: the `Some("...")` and `unary("...")`
+For every operator memest's table names (`src/trace/aten/mod.rs`: the `Some("...")` and `unary("...")`
 yaml entries), writes to tests/data/derivatives.json the tensors (inputs, results) that its
 backward formulas mention as tensors, not only for their sizes, dtype or options, and which
 formula mentions each: that is what autograd's codegen saves. A tensor named by a single
@@ -168,7 +168,7 @@ def main():
     ap.add_argument("yaml", help="path to tools/autograd/derivatives.yaml")
     ap.add_argument("--source", default="pytorch/pytorch", help="where the yaml came from (recorded)")
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "derivatives.json"))
-    ap.add_argument("--aten", default=os.path.join(ROOT, "src", "trace", "aten.rs"))
+    ap.add_argument("--aten", default=os.path.join(ROOT, "src", "trace", "aten", "mod.rs"))
     args = ap.parse_args()
     raw = open(args.yaml, "rb").read()
     by_name = {}

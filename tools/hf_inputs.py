@@ -8,6 +8,18 @@ measure.py's `build()` gives a transformers model `input_ids` `[batch, seq]` onl
                "labels": {"ids": [], "high": 10},                   # randint(0, 10), shape [batch]
                "return_loss": true}                                 # any other JSON value as is
 
+Multimodal cases (LLaVA, Qwen2-VL) give image-token ids and labels equal to the ids:
+
+    "input_ids": {"ids": [64], "high": 999, "image": {"id": 999, "at": 1, "count": 16}},
+                 # random ids below 999, then positions 1..17 of every sample set to 999
+    "labels": {"same": "input_ids"},                                 # the same tensor (measure.py's LMs)
+    "pixel_values": {"float_flat": [64, 1176]},                      # randn [64, 1176], no batch dim
+    "image_grid_thw": {"grid": [1, 16, 16]},                         # int64 [[1, 16, 16]] * batch
+
+`float_flat` is Qwen2-VL's flattened patches: the shape as given, the batch's images already
+concatenated along dim 0 (the caller multiplies by the batch). `grid` repeats one image's
+`(t, h, w)` once per sample.
+
 Every shape is the shape after the batch dimension. Float tensors are made in the case's dtype
 (as a data loader hands a bfloat16 model bfloat16 pixels), so the model makes no cast copy of
 them; they are the batch, left out of the saved activations like measure.py's own inputs. The
@@ -55,9 +67,20 @@ def _tensors(case, dtype, vocab=None):
     for name, spec in case["inputs"].items():
         if isinstance(spec, dict) and "float" in spec:
             kwargs[name] = torch.randn(batch, *spec["float"], dtype=dtype)
+        elif isinstance(spec, dict) and "float_flat" in spec:
+            rows, cols = spec["float_flat"]
+            kwargs[name] = torch.randn(batch * rows, cols, dtype=dtype)
+        elif isinstance(spec, dict) and "grid" in spec:
+            kwargs[name] = torch.tensor([spec["grid"]] * batch, dtype=torch.long)
         elif isinstance(spec, dict) and "ids" in spec:
             high = spec.get("high") or vocab()
-            kwargs[name] = torch.randint(0, high, (batch, *spec["ids"]))
+            ids = torch.randint(0, high, (batch, *spec["ids"]))
+            if "image" in spec:
+                img = spec["image"]
+                ids[:, img["at"]:img["at"] + img["count"]] = img["id"]
+            kwargs[name] = ids
+        elif isinstance(spec, dict) and "same" in spec:
+            kwargs[name] = kwargs[spec["same"]]
         else:
             kwargs[name] = spec
     return kwargs

@@ -54,7 +54,9 @@ memest's copy (tools/; the original is ../shared/groundtruth/measure_fake_cuda.p
     gpt2-b4-s256-fp32-adamw-ckpt was 262,144 B high; fake-cpu now gives reference.json's
     figure to the byte). MoE records say which routing was used (`moe_routing`);
   * cases with an `inputs` key get the named tensors tools/hf_inputs.py builds (images, audio,
-    several inputs);
+    several inputs); their integer inputs (token ids with image tokens, image grids) are
+    shadowed with their real values, which LLaVA's token check and Qwen2-VL's index
+    arithmetic read;
   * fakecuda.SDPAEmulation chooses the attention kernel on the inputs as CUDA autocast casts
     them (bfloat16 q, k, v), not as the caller passed them (float32 after RoPE under autocast).
 """
@@ -187,6 +189,12 @@ def measure(case, args, gt):
         tracker.phase = "inputs"
         a = tuple(to_fake(x).to(dev) for x in a0)
         kw = {k: to_fake(v).to(dev) for k, v in kw0.items()}
+        if fake:
+            # integer inputs (token ids with image tokens, image grids) keep their values as
+            # shadows: LLaVA's and Qwen2-VL's checks and index arithmetic read them
+            for k, v in kw0.items():
+                if torch.is_tensor(v) and not v.is_floating_point() and v.numel() <= 1 << 20:
+                    shadow.shadow[kw[k]] = v
         if dtype != torch.float32:
             a = tuple(x.to(dtype) if x.is_floating_point() else x for x in a)
         opt = gt.make_optimizer(case, model)

@@ -151,6 +151,13 @@ pub enum Op {
     Mul,
     /// `add`.
     Add(AddCfg),
+    /// `inputs_embeds.masked_scatter(input_ids == image_token_id, image_features)` (LLaVA,
+    /// Qwen2-VL): three inputs, the token ids `[batch, seq]`, the text embeddings
+    /// `[batch, seq, hidden]` and the image features `[batch, tokens, hidden]`; the output has
+    /// the embeddings' shape, the image's rows written over the first `tokens` positions of each
+    /// sample. Keeps the `[batch, seq]` bool mask for backward (`derivatives.yaml`:
+    /// `grad.masked_fill(mask, 0)`, `masked_scatter_backward(grad, mask, ..)`).
+    MaskedScatter,
     /// `concat`.
     Concat(ConcatCfg),
     /// `maxpool2d`.
@@ -368,7 +375,11 @@ fn build_layers(
         } else {
             Node::Op(build_op(spec, &name).map_err(&fail)?)
         };
-        if let Node::Op(Op::CrossAttention(_)) = &node {
+        if let Node::Op(Op::MaskedScatter) = &node {
+            if inputs.len() != 3 {
+                return Err(fail("`masked_scatter` takes three `inputs`: the token ids, the text embeddings and the image features, e.g. inputs = [\"input\", \"embed_tokens\", \"projector\"]".into()));
+            }
+        } else if let Node::Op(Op::CrossAttention(_)) = &node {
             if inputs.len() != 2 {
                 return Err(fail("`cross_attention` takes two `inputs`: the queries' source and the encoder output, e.g. inputs = [\"ln\", \"encoder\"]".into()));
             }
@@ -547,6 +558,10 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
             Op::Mul
         }
         K::Add => Op::Add(AddCfg::read(r)?),
+        K::MaskedScatter => {
+            r.finish()?;
+            Op::MaskedScatter
+        }
         K::Concat => Op::Concat(ConcatCfg::read(r)?),
         K::MaxPool2d => Op::MaxPool2d(MaxPool2dCfg::read(r)?),
         K::AvgPool2d => Op::AvgPool2d(AvgPool2dCfg::read(r)?),

@@ -61,6 +61,28 @@ pub(super) fn tower_of(model_type: &str, arch: Option<&str>) -> Option<(Kind, To
     }
 }
 
+/// Where a vision tower sits inside a multimodal model (LLaVA's `vision_tower`).
+pub(super) struct Within<'a> {
+    /// The module path in front of the tower's own names (`model.vision_tower.vision_model.`).
+    pub prefix: &'a str,
+    /// The named model input the patch embedding reads (`pixel_values`).
+    pub input: &'a str,
+    /// `vision_feature_layer`: the index into `hidden_states` (the embeddings' output, then each
+    /// layer's; negative counts from the end) that the model goes on with.
+    pub feature_layer: i64,
+}
+
+/// What [`tower`] builds.
+pub(super) struct Built {
+    /// The layers, in forward order.
+    pub layers: Vec<LayerSpec>,
+    /// What the tower reads.
+    pub reads: Reads,
+    /// Within a multimodal model: the layer whose output is `hidden_states[feature_layer]`,
+    /// `[batch, tokens, hidden]`, and `hidden_size`.
+    pub feature: Option<(String, u64)>,
+}
+
 /// Builds one tower; returns the layers and what the tower reads.
 #[allow(clippy::too_many_lines)] // embeddings, the layer, the pooled branch, in forward order
 pub(super) fn tower(
@@ -70,7 +92,28 @@ pub(super) fn tower(
     tower: Tower,
     nested: bool,
 ) -> Result<(Vec<LayerSpec>, Reads), Error> {
-    if head != Resolved::Bare {
+    let b = build(cfg, head, kind, tower, nested, None)?;
+    Ok((b.layers, b.reads))
+}
+
+/// Builds one tower, alone or (`within`) as a multimodal model's vision tower: there its names
+/// carry the prefix, the patch embedding reads the named input, the encoder layers split where
+/// the selected hidden state is taken, and no `last_hidden_state` view ends it (the model's
+/// loss does not read it).
+#[allow(clippy::too_many_lines)] // embeddings, the layer, the pooled branch, in forward order
+pub(super) fn build(
+    cfg: &Cfg,
+    head: Resolved,
+    kind: Kind,
+    tower: Tower,
+    nested: bool,
+    within: Option<&Within<'_>>,
+) -> Result<Built, Error> {
+    let pre = |s: &str| match within {
+        Some(w) => format!("{}{s}", w.prefix),
+        None => s.to_string(),
+    };
+    if head != Resolved::Bare && within.is_none() {
         return Err(cfg.err(format!(
             "{} is supported as one bare tower ({}VisionModel or {}TextModel; pick --head none)",
             cfg.model_type,
@@ -161,25 +204,26 @@ pub(super) fn tower(
             push(
                 &mut out,
                 LayerSpec {
+                    inputs: within.map(|w| vec![w.input.to_string()]),
                     out_channels: Some(hidden),
                     kernel: Some(Sizes(vec![patch])),
                     stride: Some(Sizes(vec![patch])),
                     bias: (kind == Kind::Clip).then_some(false),
-                    ..layer(K::Conv2d, "embeddings.patch_embedding")
+                    ..layer(K::Conv2d, &pre("embeddings.patch_embedding"))
                 },
             );
             push(
                 &mut out,
                 LayerSpec {
                     start_dim: Some(2),
-                    ..layer(K::Flatten, "embeddings.flatten")
+                    ..layer(K::Flatten, &pre("embeddings.flatten"))
                 },
             );
             push(
                 &mut out,
                 LayerSpec {
                     dims: Some(vec![1, 2]),
-                    ..layer(K::Transpose, "embeddings.transpose")
+                    ..layer(K::Transpose, &pre("embeddings.transpose"))
                 },
             );
             if kind == Kind::Clip {
@@ -191,7 +235,7 @@ pub(super) fn tower(
                         shape: Some(vec![1, 1, hidden_dim]),
                         combine: Some(CombineKind::Concat),
                         dim: Some(1),
-                        ..layer(K::Parameter, "embeddings.class_embedding")
+                        ..layer(K::Parameter, &pre("embeddings.class_embedding"))
                     },
                 );
             }
@@ -202,11 +246,11 @@ pub(super) fn tower(
                 LayerSpec {
                     num_positions: Some(positions),
                     ids_buffer: Some(positions),
-                    ..layer(K::PositionEmbedding, "embeddings.position_embedding")
+                    ..layer(K::PositionEmbedding, &pre("embeddings.position_embedding"))
                 },
             );
             if kind == Kind::Clip {
-                push(&mut out, layernorm("pre_layrnorm"));
+                push(&mut out, layernorm(&pre("pre_layrnorm")));
             }
             Reads::Image {
                 channels,
@@ -237,7 +281,7 @@ pub(super) fn tower(
                 LayerSpec {
                     num_positions: Some(positions),
                     ids_buffer: Some(positions),
-                    ..layer(K::PositionEmbedding, "embeddings.position_embedding")
+                    ..layer(K::PositionEmbedding, &pre("embeddings.position_embedding"))
                 },
             );
             Reads::Tokens(positions)
@@ -284,10 +328,59 @@ pub(super) fn tower(
     }
     let mlp = push(&mut body, linear("mlp.fc2", hidden, true));
     push(&mut body, add("residual2", &res, &mlp));
-    let encoder = push(
-        &mut out,
-        repeat("encoder.layers", "num_hidden_layers", n_layers, body),
-    );
+    // Within a multimodal model the encoder splits after the selected hidden state's layer
+    // (`hidden_states[k]` is the output of the first `k` layers, `hidden_states[0]` the
+    // embeddings'); every layer still runs.
+    let mut feature = None;
+    let encoder = match within {
+        None => push(
+            &mut out,
+            repeat("encoder.layers", "num_hidden_layers", n_layers, body),
+        ),
+        Some(w) => {
+            let states =
+                i64::try_from(n_layers).map_err(|_| cfg.err("too many layers".into()))? + 1;
+            let k = if w.feature_layer < 0 {
+                states + w.feature_layer
+            } else {
+                w.feature_layer
+            };
+            if !(0..states).contains(&k) {
+                return Err(cfg.field_err(
+                    "vision_feature_layer",
+                    format!(
+                        "`vision_feature_layer` = {} selects no hidden state of a {n_layers}-layer vision tower (it has {states}: -{states} to {})",
+                        w.feature_layer,
+                        states - 1
+                    ),
+                ));
+            }
+            let k = u64::try_from(k).expect("checked to be in 0..states");
+            let mut last = out.last().and_then(|l| l.name.clone()).unwrap_or_default();
+            if k == 0 {
+                feature = Some((last.clone(), hidden));
+            }
+            for (first, count) in [(0, k), (k, n_layers - k)] {
+                if count == 0 {
+                    continue;
+                }
+                let name = super::layers::run_name(
+                    &pre("encoder.layers"),
+                    usize::from(k > 0 && k < n_layers) + 1,
+                    usize::try_from(first).unwrap_or(usize::MAX),
+                    count,
+                );
+                last = push(
+                    &mut out,
+                    repeat(&name, "num_hidden_layers", count, body.clone()),
+                );
+                if first + count == k {
+                    feature = Some((last.clone(), hidden));
+                }
+            }
+            last
+        }
+    };
 
     let last = match (kind, tower) {
         (Kind::Clip, Tower::Vision) => {
@@ -298,10 +391,10 @@ pub(super) fn tower(
                 LayerSpec {
                     dim: Some(1),
                     index: Some(0),
-                    ..layer(K::Select, "pooled.first_token")
+                    ..layer(K::Select, &pre("pooled.first_token"))
                 },
             );
-            push(&mut out, layernorm("post_layernorm"));
+            push(&mut out, layernorm(&pre("post_layernorm")));
             encoder
         }
         (Kind::Siglip, Tower::Vision) => {
@@ -311,7 +404,7 @@ pub(super) fn tower(
                     "SigLIP's attention-pooling head (`vision_use_head`, default true) is not supported yet; set it to false for the tower without its head".into(),
                 ));
             }
-            push(&mut out, layernorm("post_layernorm"))
+            push(&mut out, layernorm(&pre("post_layernorm")))
         }
         (_, Tower::Text) => {
             let last = push(&mut out, layernorm("final_layer_norm"));
@@ -323,7 +416,7 @@ pub(super) fn tower(
                 LayerSpec {
                     dim: Some(1),
                     index: Some(-1),
-                    ..layer(K::Select, "pooled.token")
+                    ..layer(K::Select, &pre("pooled.token"))
                 },
             );
             if kind == Kind::Siglip {
@@ -333,6 +426,14 @@ pub(super) fn tower(
             last
         }
     };
+    if within.is_some() {
+        let _ = last;
+        return Ok(Built {
+            layers: out,
+            reads,
+            feature,
+        });
+    }
     // The step backpropagates `last_hidden_state.sum()`: a view of it ends the description.
     let dims = match reads {
         Reads::Image { .. } => vec![image_tokens, hidden_dim],
@@ -343,10 +444,14 @@ pub(super) fn tower(
         LayerSpec {
             inputs: Some(vec![last]),
             shape: Some(dims),
-            ..layer(K::Reshape, "last_hidden_state")
+            ..layer(K::Reshape, &pre("last_hidden_state"))
         },
     );
-    Ok((out, reads))
+    Ok(Built {
+        layers: out,
+        reads,
+        feature: None,
+    })
 }
 
 fn name(kind: Kind) -> &'static str {

@@ -9,8 +9,8 @@
 use super::Resolved;
 use super::config::{Cfg, DecoderConfig, layer_count, prob, required};
 use super::layers::{
-    activation, add, causal_head, embedding, layer, linear, module_path, push, push_dropout,
-    repeat, rmsnorm, run_name, runs, with_inputs, with_note,
+    activation, add, causal_head, embedding, layer, linear, push, push_dropout, repeat, rmsnorm,
+    run_name, runs, with_inputs, with_note,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec, QkNormScope, Router, Style};
@@ -430,6 +430,19 @@ pub(super) fn decoder(
     row: &DecoderFamily,
     head: Resolved,
 ) -> Result<(Vec<LayerSpec>, u64), Error> {
+    let base = if head == Resolved::Bare { "" } else { "model" };
+    decoder_at(cfg, row, head, base)
+}
+
+/// [`decoder`] with the base model's module path `base` (`model`, or a multimodal model's
+/// `model.language_model`; empty: the names as they are).
+#[allow(clippy::too_many_lines)] // embeddings, rotary, runs of layers, norm, heads
+pub(super) fn decoder_at(
+    cfg: &Cfg,
+    row: &DecoderFamily,
+    head: Resolved,
+    base: &str,
+) -> Result<(Vec<LayerSpec>, u64), Error> {
     let c: DecoderConfig = cfg.read()?;
     if c.clip_qkv.is_some() {
         return Err(cfg.field_err(
@@ -536,7 +549,13 @@ pub(super) fn decoder(
     };
     // DeepSeek's rotary embedding covers the `qk_rope_head_dim` part only.
     let rotary_dim = mla.map_or(rotary_dim, |m| m.3);
-    let p = module_path(head, "model");
+    let p = |s: &str| {
+        if base.is_empty() {
+            s.to_string()
+        } else {
+            format!("{base}.{s}")
+        }
+    };
     let mut out = Vec::new();
     let embed = p("embed_tokens");
     push(&mut out, embedding(&embed, vocab, hidden));

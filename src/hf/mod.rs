@@ -31,6 +31,7 @@ mod decoder;
 mod diffusers;
 mod gpt2;
 mod layers;
+mod llava;
 mod ln_decoder;
 mod t5;
 mod vision;
@@ -310,6 +311,7 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("siglip", "siglip", Family::Tower),
     ("siglip_vision_model", "siglipvision", Family::Tower),
     ("siglip_text_model", "sigliptext", Family::Tower),
+    ("llava", "llava", Family::Llava),
 ];
 
 /// The `model_type`s memest can import, sorted.
@@ -386,6 +388,11 @@ pub enum Head {
     Lm,
     /// Sequence classification (`num_labels`, default 2) with a cross-entropy loss.
     Classification,
+}
+
+/// An `--image` error.
+fn image_error(message: String) -> Error {
+    Error::setting(crate::error::SettingKey::Image, message)
 }
 
 /// Whether a parsed JSON document is a Hugging Face configuration: an object with a `model_type`
@@ -524,8 +531,10 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
 /// the VAE makes of it, `[in_channels, height / 8, width / 8]`, instead of `sample_size`.
 ///
 /// # Errors
-/// As [`to_spec`]; [`Error::Setting`] when `image` is given for a config that does not take it
-/// (only diffusers UNet configs do), or is not a multiple of 8 pixels.
+/// As [`to_spec`]; [`Error::Setting`] when `image` is not a multiple of 8 pixels for a
+/// diffusers UNet, is given for a text-only config, or differs from a fixed-size vision tower's
+/// `image_size` (ViT, DINOv2, CLIP, SigLIP, LLaVA's: transformers refuses another size there
+/// without `interpolate_pos_encoding`).
 pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<ModelSpec, Error> {
     let value = serde_json::from_str::<Value>(text).ok();
     if let Some(class) = value
@@ -545,12 +554,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         }
         return diffusers::to_spec(text, class, image);
     }
-    if image.is_some() {
-        return Err(Error::setting(
-            crate::error::SettingKey::Image,
-            "--image applies to diffusers UNet2DConditionModel configs (the pixels the VAE encodes); a transformers vision config reads its `image_size`",
-        ));
-    }
+    let asked_image = image;
     if let Some(what) = value.as_ref().and_then(other_library) {
         return Err(Error::Hf(HfError {
             model_type: None,
@@ -593,7 +597,13 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
     };
     let head = resolve_head(head, arch.as_deref(), family, &model_type)?;
     let mut image = None;
+    let mut pixels = None;
     let (mut layers, seq) = match family {
+        Family::Llava => {
+            let m = llava::llava(&cfg, head, asked_image)?;
+            pixels = Some(m.pixels);
+            (m.layers, m.max_positions)
+        }
         Family::Tower => {
             let Some((kind, tower, nested)) = clip::tower_of(&model_type, arch.as_deref()) else {
                 return Err(cfg.err(format!(
@@ -627,6 +637,22 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         Family::Starcoder2 => ln_decoder::starcoder2(&cfg, head)?,
         Family::Decoder(row) => decoder::decoder(&cfg, row, head)?,
     };
+    if let Some(asked) = asked_image {
+        match image {
+            None if pixels.is_none() => {
+                return Err(image_error(format!(
+                    "--image {asked}: model_type `{model_type}` reads no image"
+                )));
+            }
+            Some(img) if (asked.height, asked.width) != (img.size, img.size) => {
+                return Err(image_error(format!(
+                    "--image {asked}: {model_type} reads {s}x{s} pixels (its `image_size`); transformers refuses another size without interpolate_pos_encoding",
+                    s = img.size
+                )));
+            }
+            _ => {}
+        }
+    }
     if cfg.header.use_cache == Some(false) {
         no_kv_cache(&mut layers);
     }
@@ -684,7 +710,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         description: Some(description),
         max_positions,
         input,
-        inputs: std::collections::BTreeMap::new(),
+        inputs: pixels.into_iter().collect(),
         defaults: DefaultsSpec {
             seq: image.is_none().then(|| seq.clamp(1, DEFAULT_MAX_SEQ)),
             dtype,
@@ -776,6 +802,8 @@ enum Family {
     Vision(vision::Kind),
     /// One tower of CLIP or SigLIP (`clip.rs`).
     Tower,
+    /// LLaVA: a CLIP vision tower, projector and decoder (`llava.rs`).
+    Llava,
 }
 
 impl Family {
@@ -833,6 +861,7 @@ fn resolve_head(
         | Family::StableLm
         | Family::Starcoder2 => &["ForCausalLM"],
         Family::Vision(_) | Family::Tower => &[],
+        Family::Llava => &["ForConditionalGeneration"],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)

@@ -502,6 +502,7 @@ layer_kinds! {
     Mul => "mul",
     Add => "add",
     Concat => "concat" | "cat",
+    MaskedScatter => "masked_scatter",
     MaxPool2d => "maxpool2d" | "max_pool2d",
     AvgPool2d => "avgpool2d" | "avg_pool2d",
     AdaptiveAvgPool2d => "adaptive_avgpool2d" | "adaptive_avg_pool2d",

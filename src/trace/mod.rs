@@ -238,9 +238,18 @@ fn prune_unreached(tape: &mut Tape) {
             reached.extend(step.inputs.iter().copied());
         }
     }
+    let mut kept = Vec::new();
     for (step, live) in tape.steps.iter_mut().zip(live) {
         if !live {
             step.grads.clear();
+            kept.extend(step.saves.iter().copied());
+        }
+    }
+    // No backward frees them: the branch's graph lives as long as its output, which the model
+    // output holds (CLIP's `pooler_output`, LLaVA's `image_outputs.last_hidden_state`).
+    for s in kept {
+        if !tape.held.contains(&s) {
+            tape.held.push(s);
         }
     }
     for p in &mut tape.params {

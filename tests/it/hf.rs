@@ -112,6 +112,11 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
         "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
         2_567_463_684,
     ),
+    // llava-hf/llava-1.5-7b-hf (LlavaForConditionalGeneration): CLIP ViT-L/14-336 tower
+    // 303_507_456 (post_layernorm included), projector 1024·4096 + 4096 + 4096² + 4096
+    // = 20_979_712, Vicuna-7B (Llama) with a 32064-token vocabulary 6_607_605_760, untied
+    // lm_head 32064·4096 = 131_334_144.
+    ("examples/hf/llava-1.5-7b-hf.json", 7_063_427_072),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -474,6 +479,8 @@ fn tiny_configs_of_each_family_match_cuda_measurements() {
 /// Estimates of a description under a grid of settings, in-process.
 fn estimates(spec: &memest::spec::ModelSpec) -> Vec<Value> {
     let mut out = Vec::new();
+    // A multimodal model's sequence holds its image tokens too (576 for llava-1.5).
+    let image_tokens = if spec.inputs.is_empty() { 0 } else { 1024 };
     for (batch, seq, mode, checkpoint) in [
         (1, 1, Mode::Train, false),
         (3, 17, Mode::Train, true),
@@ -481,7 +488,7 @@ fn estimates(spec: &memest::spec::ModelSpec) -> Vec<Value> {
     ] {
         let overrides = Overrides {
             batch: Some(batch),
-            seq: Some(seq),
+            seq: Some(seq + image_tokens),
             mode: Some(mode),
             checkpoint,
             ..Overrides::default()
@@ -1115,15 +1122,74 @@ fn image_flag_sizes_the_unet_latent() {
         ),
         (
             &["examples/hf/gpt2.json", "--image", "512"][..],
-            "--image applies to diffusers UNet2DConditionModel configs",
+            "--image 512x512: model_type `gpt2` reads no image",
         ),
         (
             &["examples/mlp.toml", "--image", "512"][..],
-            "--image applies only to diffusers UNet configs",
+            "--image applies only to Hugging Face configs",
         ),
         (&[SD15, "--image", "0x8"][..], "`0x8` is not an image size"),
     ] {
         let err = fails(args);
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+/// `--image`: multimodal and vision configs read it; a fixed-size tower refuses another size,
+/// a text-only config and a memest file refuse it (exit 2, naming the flag).
+#[test]
+fn image_flag_sets_or_checks_the_pixel_input() {
+    let llava = "tests/fixtures/hf/llava_tiny.json";
+    // The tiny LLaVA's tower reads 32×32 pixels: 16 patches, 16 image tokens of 64 positions.
+    let same = report(&[llava, "--image", "32", "--seq", "64"]);
+    let plain = report(&[llava, "--seq", "64"]);
+    assert_eq!(u(&same, "peak_bytes"), u(&plain, "peak_bytes"));
+    let err = fails(&[llava, "--image", "64x32", "--seq", "64"]);
+    assert!(
+        err.contains("--image 64x32") && err.contains("32x32 pixels"),
+        "{err}"
+    );
+    let err = fails(&[
+        "examples/hf/clip-vit-large-patch14-336-vision.json",
+        "--image",
+        "224",
+    ]);
+    assert!(err.contains("336x336 pixels"), "{err}");
+    let ok = report(&[
+        "examples/hf/clip-vit-large-patch14-336-vision.json",
+        "--image",
+        "336x336",
+    ]);
+    assert_eq!(u(&ok, "param_count"), 303_507_456);
+    let err = fails(&["examples/hf/gpt2.json", "--image", "336"]);
+    assert!(err.contains("reads no image"), "{err}");
+    let err = fails(&["examples/mlp.toml", "--image", "336"]);
+    assert!(err.contains("--image applies only"), "{err}");
+    for bad in ["0", "33x", "x4", "big"] {
+        let out = memest(&[llava, "--image", bad]);
+        assert_eq!(code(&out), 2, "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("is not an image size"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+/// LLaVA: `--seq` counts the image's tokens with the text's; fewer positions than the image
+/// has tokens is refused. The vision tower's last layer and `post_layernorm` run but feed no
+/// loss (`hidden_states[-2]`): their parameters get no gradient.
+#[test]
+fn llava_counts_image_tokens_in_the_sequence() {
+    let llava = "tests/fixtures/hf/llava_tiny.json";
+    let err = fails(&[llava, "--seq", "15"]);
+    assert!(
+        err.contains("15 positions, fewer than the image's 16 tokens"),
+        "{err}"
+    );
+    let v = report(&[llava, "--seq", "16"]);
+    // 657_024 parameters; the last CLIP layer (2·64 + 4·(64·64 + 64) + 2·64 + 64·128 + 128 +
+    // 128·64 + 64 = 33_472) and post_layernorm (128) have no gradient.
+    assert_eq!(u(&v, "param_count"), 657_024);
+    assert_eq!(u(&v, "trainable_param_count"), 657_024 - 33_472 - 128);
+    assert_eq!(u(&v, "gradients_bytes"), (657_024 - 33_472 - 128) * 4);
 }

@@ -43,6 +43,9 @@ struct Example {
     src: String,
     format: Format,
     has_seq: bool,
+    /// The shortest sequence the model reads: a multimodal model's image tokens are part of
+    /// it (576 for llava-1.5), so its sequences start there.
+    min_seq: u64,
 }
 
 /// Every file in `examples/` and `examples/hf/`, sorted by path.
@@ -77,11 +80,13 @@ fn examples() -> &'static [Example] {
                 let spec = memest::load_spec(&src, format, memest::hf::Head::Auto)
                     .unwrap_or_else(|e| panic!("{rel}: {e}"));
                 let has_seq = spec.input.shape.contains(&memest::spec::DimSpec::Seq);
+                let min_seq = if spec.inputs.is_empty() { 0 } else { 1024 };
                 Example {
                     path: rel,
                     src,
                     format,
                     has_seq,
+                    min_seq,
                 }
             })
             .collect()
@@ -178,6 +183,7 @@ proptest! {
         step in 1u64..=32,
     ) {
         let e = seq_examples()[i];
+        let seq = seq + e.min_seq;
         let short = estimate(&e.path, &e.src, e.format, Some(batch), Some(seq));
         let long = estimate(&e.path, &e.src, e.format, Some(batch), Some(seq + step));
         assert_not_smaller(

@@ -114,6 +114,11 @@ pub enum AtenOp {
     Sum,
     /// `cat(tensors, dim)`.
     Cat,
+    /// `masked_scatter(self, mask, source)`: the image features written into the text
+    /// embeddings (LLaVA, Qwen2-VL).
+    MaskedScatter,
+    /// `eq.Scalar(self, other)`: the image-token mask `input_ids == image_token_id`.
+    EqScalar,
     /// `topk(self, k, dim)`.
     Topk,
     /// `view(self, size)` (also `reshape` of a contiguous tensor, `flatten`).
@@ -287,6 +292,8 @@ impl AtenOp {
             AtenOp::Mean => "mean.dim",
             AtenOp::Sum => "sum",
             AtenOp::Cat => "cat",
+            AtenOp::MaskedScatter => "masked_scatter",
+            AtenOp::EqScalar => "eq.Scalar",
             AtenOp::Topk => "topk",
             AtenOp::View => "view",
             AtenOp::Transpose => "transpose.int",
@@ -596,6 +603,17 @@ impl AtenOp {
                 &[],
                 SaveRule::NOTHING,
             ),
+            // Backward: `grad.masked_fill(mask, 0)` for `self`, `masked_scatter_backward(grad,
+            // mask, source.sizes())` for `source`: the mask is kept, not the tensors.
+            AtenOp::MaskedScatter => spec(
+                Some("masked_scatter"),
+                &["self", "source"],
+                &["result"],
+                &["mask"],
+                SaveRule::always(&[Aux(0)]),
+            ),
+            // Integer input: autograd does not record it.
+            AtenOp::EqScalar => plain(&["self"]),
             AtenOp::Topk => spec(
                 Some("topk"),
                 &["self"],

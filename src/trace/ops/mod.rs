@@ -89,6 +89,7 @@ impl Tracer<'_> {
             Op::Mul => self.mul(inputs[0], inputs[1]),
             Op::Add(c) => self.add(inputs, c.inplace),
             Op::Concat(c) => self.concat_layer(c, inputs),
+            Op::MaskedScatter => self.masked_scatter(inputs[0], inputs[1], inputs[2]),
             Op::MaxPool2d(c) => self.max_pool2d(c, x),
             Op::AvgPool2d(c) => self.avg_pool2d(c, x),
             Op::AdaptiveAvgPool2d(c) => self.adaptive_avg_pool2d(c, x),

@@ -102,6 +102,74 @@ impl Tracer<'_> {
         self.concat(inputs, a)
     }
 
+    /// LLaVA's and Qwen2-VL's merge of the image features into the text embeddings
+    /// (`LlavaModel.forward`, `Qwen2VLModel.forward`): `input_ids == image_token_id` (a new
+    /// `[batch, seq]` bool tensor; `unsqueeze(-1)` is a view), `.sum()` (an int64 scalar), the
+    /// per-image features (`get_image_features` returns them as a list of views, which the model
+    /// output keeps until the step ends) concatenated with `torch.cat` (a copy) and cast to the
+    /// embeddings' dtype when they differ (autocast), then
+    /// `inputs_embeds.masked_scatter(mask, image_features)`: a new tensor of the embeddings'
+    /// shape that keeps only the mask (`derivatives.yaml`).
+    ///
+    /// Each sample's `tokens` image rows take `tokens` of its `seq` positions: a sequence
+    /// shorter than that is refused.
+    pub(super) fn masked_scatter(
+        &mut self,
+        ids: ValueId,
+        embeds: ValueId,
+        features: ValueId,
+    ) -> Result<ValueId, Error> {
+        let iv = self.val(ids).clone();
+        let ev = self.val(embeds).clone();
+        let fv = self.val(features).clone();
+        let (id, ed, fd) = (iv.shape.dims(), ev.shape.dims(), fv.shape.dims());
+        if iv.dtype.is_float() || id.len() != 2 {
+            return Err(self.err(format!(
+                "first input is {} {}, expected the token ids [batch, seq]",
+                iv.dtype, iv.shape
+            )));
+        }
+        if ed.len() != 3 || ed[..2] != id[..] || !ev.dtype.is_float() {
+            return Err(self.err(format!(
+                "second input is {} {}, expected the text embeddings [batch, seq, hidden] of the ids {}",
+                ev.dtype, ev.shape, iv.shape
+            )));
+        }
+        if fd.len() != 3 || fd[0] != ed[0] || fd[2] != ed[2] {
+            return Err(self.err(format!(
+                "third input is {}, expected the image features [batch, tokens, hidden] with the embeddings' batch and hidden size {}",
+                fv.shape, ev.shape
+            )));
+        }
+        if fd[1] > ed[1] {
+            return Err(self.err(format!(
+                "the sequence has {} positions, fewer than the image's {} tokens: --seq counts the text and image tokens together",
+                ed[1], fd[1]
+            )));
+        }
+        let mask = self.fresh(iv.shape.clone(), DType::Bool, "image token mask", false)?;
+        self.call(Call::new(AtenOp::EqScalar, vec![ids], vec![mask]))?;
+        let count = self.fresh(Shape::from([1]), DType::Int64, "image token count", false)?;
+        self.call(Call::new(AtenOp::Sum, vec![mask], vec![count]))?;
+        // The per-image views stay in the model output (`image_outputs.pooler_output`,
+        // `image_hidden_states`) until the step ends; `torch.cat` of them is a copy.
+        self.tape.held.push(fv.storage);
+        let features = self.concat(&[features], 1)?;
+        let features = self.cast(features, ev.dtype)?;
+        let y = self.fresh(
+            ev.shape.clone(),
+            ev.dtype,
+            "output",
+            ev.requires_grad || fv.requires_grad,
+        )?;
+        let mask_storage = self.val(mask).storage;
+        self.call(
+            Call::new(AtenOp::MaskedScatter, vec![embeds, features], vec![y])
+                .aux(vec![mask_storage]),
+        )?;
+        Ok(y)
+    }
+
     /// torchvision.ops.stochastic_depth, mode "row": `input * noise` with noise `[B, 1, ..]`
     /// (bernoulli, divided by the survival rate); mul keeps the noise.
     pub(super) fn stochastic_depth(
