@@ -44,6 +44,10 @@ pub struct PositionEmbeddingCfg {
     /// that its forward never reads (GPT-BigCode's `bias = torch.tril(torch.ones(n, n,
     /// dtype=torch.bool))`); 0 for none.
     pub mask_buffer: u64,
+    /// The model's `forward` keeps the input (the token embeddings) and the looked-up position
+    /// embeddings as locals until it returns (GPT2Model's and GPTBigCodeModel's
+    /// `inputs_embeds` and `position_embeds`), instead of dropping them after the sum.
+    pub model_locals: bool,
 }
 
 impl PositionEmbeddingCfg {
@@ -54,6 +58,7 @@ impl PositionEmbeddingCfg {
             ids_buffer: r.or(key!(s.ids_buffer), 0),
             ids_per_batch: r.or(key!(s.ids_per_batch), false),
             mask_buffer: r.or(key!(s.mask_buffer), 0),
+            model_locals: r.or(key!(s.model_locals), false),
         };
         r.finish()?;
         Ok(cfg)

@@ -129,6 +129,10 @@ impl SoftmaxCfg {
 pub struct AddCfg {
     /// Writes into the first input (`out += identity`).
     pub inplace: bool,
+    /// The inputs stay alive until the enclosing block returns (outside blocks: until the base
+    /// model's forward returns): Python locals of the module's `forward`, e.g. GPT2Block's
+    /// `attn_output` in `hidden_states = attn_output + residual`, which lives through the MLP.
+    pub keep_inputs: bool,
 }
 
 impl AddCfg {
@@ -136,6 +140,7 @@ impl AddCfg {
         let s = r.spec();
         let cfg = AddCfg {
             inplace: r.or(key!(s.inplace), false),
+            keep_inputs: r.or(key!(s.keep_inputs), false),
         };
         r.finish()?;
         Ok(cfg)

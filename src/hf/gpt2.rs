@@ -60,6 +60,9 @@ fn build(cfg: &Cfg, head: Resolved, bigcode: bool) -> Result<(Vec<LayerSpec>, u6
             num_positions: Some(positions),
             // GPTBigCodeModel registers `bias`, a [n_positions, n_positions] bool tril buffer.
             mask_buffer: bigcode.then_some(positions),
+            // `inputs_embeds` and `position_embeds` are locals of GPT2Model.forward and
+            // GPTBigCodeModel.forward until they return.
+            model_locals: Some(true),
             ..layer(K::PositionEmbedding, &p("wpe"))
         },
     );
@@ -86,7 +89,15 @@ fn build(cfg: &Cfg, head: Resolved, bigcode: bool) -> Result<(Vec<LayerSpec>, u6
         },
     );
     let prev = push_dropout(&mut body, "attn.resid_dropout", resid_p, attn);
-    let residual1 = push(&mut body, add("residual1", "input", &prev));
+    // GPT2Block/GPTBigCodeBlock: `hidden_states = attn_output + residual`; the local
+    // `attn_output` lives until the block returns, through the MLP.
+    let residual1 = push(
+        &mut body,
+        LayerSpec {
+            keep_inputs: Some(true),
+            ..add("residual1", "input", &prev)
+        },
+    );
     push(&mut body, layernorm("ln_2"));
     push(&mut body, linear("mlp.c_fc", inner, true));
     push(

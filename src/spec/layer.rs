@@ -54,6 +54,8 @@ pub struct LayerSpec {
     pub ids_per_batch: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mask_buffer: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_locals: Option<bool>,
     // conv / pooling
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_channels: Option<u64>,
@@ -116,6 +118,8 @@ pub struct LayerSpec {
     // activations / dropout
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inplace: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_inputs: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approximate: Option<Approximate>,
     #[serde(skip_serializing_if = "Option::is_none")]

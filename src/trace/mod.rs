@@ -104,6 +104,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         cur_layer: LayerId::default(),
         segment: None,
         in_block: false,
+        block_kept: Vec::new(),
         label: LayerAt::default(),
         quantized: std::collections::HashSet::new(),
         position_bias: None,
@@ -280,6 +281,9 @@ struct Tracer<'a> {
     segment: Option<SegmentId>,
     /// Inside a copy of an outermost repeated block (see [`Tape::blocks`]).
     in_block: bool,
+    /// Per enclosing block, innermost last: values a Python local keeps until the block returns
+    /// (`add`'s `keep_inputs`), read by the block's closing [`AtenOp::Return`] step.
+    block_kept: Vec<Vec<ValueId>>,
     label: LayerAt,
     /// Quantized weight values (their matmuls dequantize a transient copy).
     quantized: std::collections::HashSet<ValueId>,
@@ -736,15 +740,20 @@ impl Tracer<'_> {
                         scopes.push(HashMap::from([(INPUT, x)]));
                         let outermost = !self.in_block;
                         self.in_block = true;
+                        self.block_kept.push(Vec::new());
                         let y = self.layers(body, x, scopes, &path, copies);
                         self.in_block = !outermost;
+                        let kept = self.block_kept.pop().unwrap_or_default();
                         scopes.pop();
                         let y = y?;
                         // The block's Python frame holds its input (`identity = x`) until it
-                        // returns: keep it alive to the end of the block.
+                        // returns, and the locals `keep_inputs` names: keep them alive to the
+                        // end of the block.
+                        let mut inputs = vec![x];
+                        inputs.extend(kept);
                         let keep = Step {
                             op: AtenOp::Return,
-                            inputs: vec![x],
+                            inputs,
                             ..self.blank()
                         };
                         self.tape.steps.push(keep);

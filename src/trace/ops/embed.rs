@@ -58,6 +58,17 @@ impl Tracer<'_> {
         Ok(y)
     }
 
+    /// Keeps `values` alive as Python locals do: until the enclosing block returns, or outside
+    /// blocks until the base model's forward returns ([`Tape::forward_held`]).
+    pub(super) fn keep_to_return(&mut self, values: &[ValueId]) {
+        if let Some(top) = self.block_kept.last_mut() {
+            top.extend_from_slice(values);
+        } else {
+            let storages: Vec<StorageId> = values.iter().map(|&v| self.val(v).storage).collect();
+            self.tape.forward_held.extend(storages);
+        }
+    }
+
     /// A learned position table added to `[B, S, D]`.
     pub(super) fn position_embedding(
         &mut self,
@@ -106,14 +117,25 @@ impl Tracer<'_> {
                 "position ids",
             )?
         };
-        self.add_lookup(
+        let y = self.add_lookup(
             x,
             w,
             ids,
             Shape::from([1, s]),
             Shape::from([1, s, h]),
             "position embeddings",
-        )
+        )?;
+        if c.model_locals {
+            // `inputs_embeds` and `position_embeds`: the sum's two inputs.
+            let summed = self
+                .tape
+                .steps
+                .last()
+                .map(|st| st.inputs.clone())
+                .unwrap_or_default();
+            self.keep_to_return(&summed);
+        }
+        Ok(y)
     }
 
     /// A learned token-type table looked up with all-zero ids and added to `[B, S, D]`.
@@ -304,6 +326,7 @@ mod tests {
             ids_buffer: 0,
             ids_per_batch: false,
             mask_buffer: 0,
+            model_locals: false,
         };
         assert!(position_shape(&c, &Shape::from([2, 4, 8])).is_ok());
         assert!(position_shape(&c, &Shape::from([2, 5, 8])).is_err());

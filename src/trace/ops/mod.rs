@@ -87,7 +87,12 @@ impl Tracer<'_> {
             Op::Activation(act) => self.activation(x, *act),
             Op::Softmax(c) => self.softmax(c, x),
             Op::Mul => self.mul(inputs[0], inputs[1]),
-            Op::Add(c) => self.add(inputs, c.inplace),
+            Op::Add(c) => {
+                if c.keep_inputs {
+                    self.keep_to_return(inputs);
+                }
+                self.add(inputs, c.inplace)
+            }
             Op::Concat(c) => self.concat_layer(c, inputs),
             Op::MaskedScatter => self.masked_scatter(inputs[0], inputs[1], inputs[2]),
             Op::MaxPool2d(c) => self.max_pool2d(c, x),
