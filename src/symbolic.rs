@@ -25,6 +25,16 @@
 //! made on where the unrolled trace would place each block; past them, unrolling refuses the
 //! model, as it always has.
 //!
+//! On CUDA the caching allocator's peaks (`allocated_peak_bytes`, `reserved_peak_bytes` and
+//! what derives from them) depend on the whole history of the step, not on per-place sums: each
+//! trace records every request and free the allocator was fed, named by owner and place
+//! relative to the block's copies; the three records must be one program (the same operations
+//! outside the middle copies, one template per run of middle copies), which must give each
+//! trace's own peaks exactly; the program is then played at `N` copies by
+//! [`crate::sim::periodic`], which extends the allocator's state where it is provably periodic
+//! and otherwise plays copy by copy within a budget. Past the budget, with expandable segments,
+//! or on any mismatch: `None`, and the caller unrolls.
+//!
 //! `--timeline` and `--explain` need every event or the live set, so they unroll
 //! ([`crate::estimate_observed`]).
 
@@ -35,7 +45,8 @@ use serde_json::Value;
 use crate::graph::{Layer, Model, Node};
 use crate::report::Report;
 use crate::settings::Settings;
-use crate::sim::{At, Category, Event, Held, Phase, Simulation};
+use crate::sim::periodic::{self, CopyRef, Name, Op, Stretch};
+use crate::sim::{AllocatorPeaks, At, Category, Event, HeapOp, Held, Phase, Simulation};
 use crate::trace::{BlockCopies, LayerId, MAX_STEPS, Tape};
 
 /// The counts a block is traced with: with a first and a last copy apart, the middle copies
@@ -62,12 +73,12 @@ pub(crate) fn estimate(
 ) -> Option<Report> {
     let (positions, n) = most_repeated(&model.layers)?;
     // The step as `sim` runs it once: no second micro-batch, no optimizer inside backward, no
-    // plan of several GPUs, and no CUDA allocator, whose segments depend on the whole history
-    // of the step (these unroll).
+    // plan of several GPUs (these unroll). The CUDA caching allocator is extended by
+    // `cuda_peaks`, with its default configuration (expandable segments unroll).
     let plain = settings.grad_accum <= 1
         && !settings.optim_in_backward
         && settings.parallel.is_none()
-        && settings.device != crate::vocab::Device::Cuda;
+        && !(settings.device == crate::vocab::Device::Cuda && settings.expandable_segments);
     if n < MIN_COUNT || !plain {
         return None;
     }
@@ -82,13 +93,15 @@ pub(crate) fn estimate(
     extend(&traced, n, &model.name, settings, budget)
 }
 
-/// One small trace: its tape, simulation, events, report and the block's copies.
+/// One small trace: its tape, simulation, events, report, the block's copies and the caching
+/// allocator's operations (on CUDA).
 struct Traced {
     tape: Tape,
     sim: Simulation,
     events: Vec<Event>,
     report: Report,
     block: BlockCopies,
+    heap: Option<Vec<HeapOp>>,
 }
 
 fn trace_one(
@@ -98,8 +111,8 @@ fn trace_one(
     positions: &[usize],
 ) -> Option<Traced> {
     let tape = crate::trace::trace(model, settings).ok()?;
-    let (sim, events) = crate::sim::simulate_events(&tape, settings).ok()?;
-    if sim.allocator.is_some() || sim.held.accumulating_peak.is_some() {
+    let (sim, events, heap) = crate::sim::simulate_events(&tape, settings).ok()?;
+    if sim.allocator.is_some() != heap.is_some() || sim.held.accumulating_peak.is_some() {
         return None;
     }
     let report = Report::new(&model.name, settings, &tape, &sim, budget).ok()?;
@@ -114,6 +127,7 @@ fn trace_one(
         events,
         report,
         block,
+        heap,
     })
 }
 
@@ -466,7 +480,11 @@ fn extend(
         },
         timeline: None,
         live_at_peak: None,
-        allocator: None,
+        allocator: if c.sim.allocator.is_some() {
+            Some(cuda_peaks(traced, n)?)
+        } else {
+            None
+        },
         stages: Vec::new(),
     };
     let report = extend_report(
@@ -533,7 +551,10 @@ fn extend_report(
 
 /// The report's top-level keys computed here from the events (and the budget check from the
 /// peak), which need not be affine in the count.
-const DERIVED: [&str; 8] = [
+const DERIVED: [&str; 11] = [
+    "allocated_peak_bytes",
+    "reserved_peak_bytes",
+    "device_bytes",
     "total_bytes",
     "peak_bytes",
     "peak_phase",
@@ -594,4 +615,291 @@ fn leaf_agrees(r: [&Value; 3], out: &Value, n: u64) -> bool {
         }
         _ => r[0] == out && r[1] == out && r[2] == out,
     }
+}
+
+/// The most blocks the allocator's extension visits for one count ([`periodic::run`]'s
+/// budget; about 20 ms in a release build): past it the state is not periodic enough to
+/// extend, and the caller unrolls.
+const ALLOCATOR_BUDGET: u64 = 20_000_000;
+
+/// The caching allocator's peaks at `n` copies: the three traces' recorded operations become
+/// one program ([`periodic::Stretch`]: what happens outside the middle copies, and per run of
+/// middle copies one template), which must replay each trace's own figures exactly, copy by
+/// copy and extended; then it is played at `n` copies ([`periodic::run`]). `None` on any
+/// mismatch.
+fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
+    let mut sites = HashMap::new();
+    let raw: Vec<Vec<Raw>> = traced
+        .iter()
+        .zip(TRACED)
+        .map(|(t, m)| raw_program(t, m, &mut sites))
+        .collect::<Option<_>>()?;
+    let program = unify(&raw)?;
+    for (t, m) in traced.iter().zip(TRACED) {
+        let want = t.sim.allocator?;
+        for jumps in [false, true] {
+            let p = periodic::run(&program, m, jumps, ALLOCATOR_BUDGET)?;
+            if (p.max_allocated, p.max_reserved)
+                != (want.allocated_peak_bytes, want.reserved_peak_bytes)
+            {
+                return None;
+            }
+        }
+    }
+    let p = periodic::run(&program, n, true, ALLOCATOR_BUDGET)?;
+    Some(AllocatorPeaks {
+        allocated_peak_bytes: p.max_allocated,
+        reserved_peak_bytes: p.max_reserved,
+    })
+}
+
+/// Whose tensor a block holds, copy aside: a step before or after the block (by its place), a
+/// step of a copy (by its offset in the copy), or nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum OwnerKey {
+    Before(usize),
+    InCopy(usize),
+    After(usize),
+    Nobody,
+}
+
+/// A block's site: its owner, the step being processed when it was requested, that step's copy
+/// less the owner's (both in copies), the owner's copy where counting (else 0), and an ordinal.
+type Site = (OwnerKey, OwnerKey, Option<i64>, i64, u32);
+
+/// A stretch of one trace's operations: played once, or per middle copy (the copies' operations
+/// in play order, with references relative to the copy).
+enum Raw {
+    Fixed(Vec<Op>),
+    Run {
+        copies: Vec<Vec<Op>>,
+        descending: bool,
+    },
+}
+
+/// One trace's allocator operations as stretches. A block is named by its owner (without the
+/// copy) and the ordinal of its request among that owner's (in that copy): the same name in
+/// every copy. An operation is in a run when the step being processed (or the block's owner)
+/// is in a middle copy.
+fn raw_program(t: &Traced, m: u64, sites: &mut HashMap<Site, u32>) -> Option<Vec<Raw>> {
+    let ops = t.heap.as_ref()?;
+    let b = &t.block;
+    let first = *b.starts.first()?;
+    if b.starts.len() as u64 != m {
+        return None;
+    }
+    let class = |i: usize| -> (OwnerKey, Option<i64>) {
+        if i < first {
+            (OwnerKey::Before(i), None)
+        } else if i >= b.end {
+            (OwnerKey::After(i - b.end), None)
+        } else {
+            // Counted from the copy's end: autocast's casts of the block's input happen in
+            // the first copy only, at its start.
+            let c = b.starts.partition_point(|&s| s <= i) - 1;
+            let end = b.starts.get(c + 1).copied().unwrap_or(b.end);
+            (OwnerKey::InCopy(end - i), Some(c as i64))
+        }
+    };
+    let last_middle = i64::try_from(m).ok()? - 2;
+    let middle = |at: Option<usize>| -> Option<i64> {
+        let c = class(at?).1?;
+        (1..=last_middle).contains(&c).then_some(c)
+    };
+    let mut ordinals: HashMap<Site, u32> = HashMap::new();
+    let mut names: HashMap<u64, (u32, Option<i64>)> = HashMap::new();
+    let mut out: Vec<Raw> = Vec::new();
+    // The current run's operations with their copies.
+    let mut run: Vec<(i64, Op)> = Vec::new();
+    let mut fixed: Vec<Op> = Vec::new();
+    let name = |(site, c): (u32, Option<i64>), k: Option<i64>| Name {
+        site,
+        copy: match (c, k) {
+            (None, _) => CopyRef::None,
+            (Some(c), Some(k)) => CopyRef::Rel(c - k),
+            (Some(c), None) => CopyRef::Start(c),
+        },
+    };
+    for op in ops {
+        let (at, named) = match *op {
+            HeapOp::Alloc {
+                serial, owner, at, ..
+            } => {
+                let (key, c) = owner.map_or((OwnerKey::Nobody, None), class);
+                let (when, tc) = at.map_or((OwnerKey::Nobody, None), class);
+                let gap = match (c, tc) {
+                    (Some(c), Some(t)) => Some(t - c),
+                    _ => None,
+                };
+                // The site: the owner, the step being processed (relative to the owner's copy)
+                // and the ordinal among the requests of that owner at that step, in that copy.
+                let ord = ordinals
+                    .entry((key, when, gap, c.unwrap_or(-1), 0))
+                    .or_default();
+                let site_key = (key, when, gap, 0, *ord);
+                *ord += 1;
+                let next = sites.len() as u32;
+                let site = *sites.entry(site_key).or_insert(next);
+                names.insert(serial, (site, c));
+                (at, Some((site, c)))
+            }
+            HeapOp::Free { serial, at } => (at, Some(*names.get(&serial)?)),
+            HeapOp::ResetPeaks => (None, None),
+        };
+        let k = middle(at);
+        let made = |n: Option<(u32, Option<i64>)>| -> Option<Op> {
+            Some(match *op {
+                HeapOp::Alloc { bytes, .. } => Op::Alloc {
+                    name: name(n?, k),
+                    bytes,
+                },
+                HeapOp::Free { .. } => Op::Free(name(n?, k)),
+                HeapOp::ResetPeaks => Op::ResetPeaks,
+            })
+        };
+        let o = made(named).or(matches!(op, HeapOp::ResetPeaks).then_some(Op::ResetPeaks))?;
+        match k {
+            Some(k) => {
+                if !fixed.is_empty() {
+                    out.push(Raw::Fixed(std::mem::take(&mut fixed)));
+                }
+                run.push((k, o));
+            }
+            None => {
+                if !run.is_empty() {
+                    out.push(split_run(std::mem::take(&mut run), last_middle)?);
+                }
+                fixed.push(o);
+            }
+        }
+    }
+    if !run.is_empty() {
+        out.push(split_run(run, last_middle)?);
+    }
+    if !fixed.is_empty() {
+        out.push(Raw::Fixed(fixed));
+    }
+    Some(out)
+}
+
+/// A run's operations by copy: each middle copy `1..=last` once, contiguous, in ascending or
+/// descending order.
+fn split_run(ops: Vec<(i64, Op)>, last: i64) -> Option<Raw> {
+    let mut copies: Vec<(i64, Vec<Op>)> = Vec::new();
+    for (k, op) in ops {
+        match copies.last_mut() {
+            Some((c, v)) if *c == k => v.push(op),
+            _ => copies.push((k, vec![op])),
+        }
+    }
+    let order: Vec<i64> = copies.iter().map(|(k, _)| *k).collect();
+    let up: Vec<i64> = (1..=last).collect();
+    let down: Vec<i64> = (1..=last).rev().collect();
+    let descending = if order == up {
+        false
+    } else if order == down {
+        true
+    } else {
+        return None;
+    };
+    Some(Raw::Run {
+        copies: copies.into_iter().map(|(_, v)| v).collect(),
+        descending,
+    })
+}
+
+/// The program of the three traces' stretches: the same stretches in each; a run's copies all
+/// one template; a fixed stretch's references to copies the same counted from the first copy
+/// in all three, or from the last.
+fn unify(raw: &[Vec<Raw>]) -> Option<Vec<Stretch>> {
+    let [a, b, c] = raw else { return None };
+    if a.len() != b.len() || a.len() != c.len() {
+        return None;
+    }
+    let counts = TRACED.map(|m| i64::try_from(m).ok());
+    let mut out = Vec::with_capacity(a.len());
+    for ((x, y), z) in a.iter().zip(b).zip(c) {
+        match (x, y, z) {
+            (
+                Raw::Run {
+                    copies: cx,
+                    descending: dx,
+                },
+                Raw::Run {
+                    copies: cy,
+                    descending: dy,
+                },
+                Raw::Run {
+                    copies: cz,
+                    descending: dz,
+                },
+            ) => {
+                let template = cx.first()?;
+                if dx != dy || dx != dz || cx.iter().chain(cy).chain(cz).any(|t| t != template) {
+                    return None;
+                }
+                out.push(Stretch::Run {
+                    ops: template.clone(),
+                    descending: *dx,
+                });
+            }
+            (Raw::Fixed(fx), Raw::Fixed(fy), Raw::Fixed(fz)) => {
+                if fx.len() != fy.len() || fx.len() != fz.len() {
+                    return None;
+                }
+                let mut ops = Vec::with_capacity(fx.len());
+                for ((p, q), r) in fx.iter().zip(fy).zip(fz) {
+                    ops.push(unify_op([p, q, r], counts)?);
+                }
+                out.push(Stretch::Fixed(ops));
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// One operation of a fixed stretch in the three traces: equal, a copy counted from the first
+/// (`Start`) or from the count (`End`).
+fn unify_op(ops: [&Op; 3], counts: [Option<i64>; 3]) -> Option<Op> {
+    let parts = |op: &Op| -> (u8, Option<u64>, Option<Name>) {
+        match *op {
+            Op::Alloc { name, bytes } => (0, Some(bytes), Some(name)),
+            Op::Free(name) => (1, None, Some(name)),
+            Op::ResetPeaks => (2, None, None),
+        }
+    };
+    let [p, q, r] = ops.map(parts);
+    if p.0 != q.0 || p.0 != r.0 || p.1 != q.1 || p.1 != r.1 {
+        return None;
+    }
+    let name = match (p.2, q.2, r.2) {
+        (None, None, None) => None,
+        (Some(x), Some(y), Some(z)) => {
+            if x.site != y.site || x.site != z.site {
+                return None;
+            }
+            let copy = if x.copy == y.copy && x.copy == z.copy {
+                x.copy
+            } else {
+                let end = |n: Name, m: Option<i64>| match n.copy {
+                    CopyRef::Start(c) => Some(c - m?),
+                    _ => None,
+                };
+                let e = [end(x, counts[0]), end(y, counts[1]), end(z, counts[2])];
+                match e {
+                    [Some(d), Some(d2), Some(d3)] if d == d2 && d == d3 => CopyRef::End(d),
+                    _ => return None,
+                }
+            };
+            Some(Name { site: x.site, copy })
+        }
+        _ => return None,
+    };
+    Some(match (p.0, name) {
+        (0, Some(name)) => Op::Alloc { name, bytes: p.1? },
+        (1, Some(name)) => Op::Free(name),
+        (2, None) => Op::ResetPeaks,
+        _ => return None,
+    })
 }

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::trace::{StorageId, ValueId};
 
 /// What a block holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum Key {
     /// A storage of the tape.
     Storage(StorageId),
@@ -52,13 +52,59 @@ pub(super) enum Key {
     ShardGrads(usize),
 }
 
+/// One request or free the allocator was fed, as [`Heap::record`] keeps them: what the
+/// symbolic treatment of repeats (`crate::symbolic`) extends from a few copies of a block to
+/// many. Each block has a serial number (its allocation's order among the recorded ones). Steps
+/// of the tape say where the operation happened (`at`: the operator being processed, or the
+/// first operator that touches the parameter being processed, else the block's owner) and whose
+/// tensor the block holds (`owner`: the first operator that touches its storage; for a
+/// temporary, the operator being processed); `None` for what belongs to no operator (state
+/// shared by all parameters, an EMA copy, several GPUs' buffers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeapOp {
+    /// A request of `bytes` (above zero) that became block `serial`.
+    Alloc {
+        /// The block's serial number.
+        serial: u64,
+        /// Bytes requested.
+        bytes: u64,
+        /// The step whose tensor it holds.
+        owner: Option<usize>,
+        /// The step being processed.
+        at: Option<usize>,
+    },
+    /// The free of block `serial`.
+    Free {
+        /// The block's serial number.
+        serial: u64,
+        /// The step being processed.
+        at: Option<usize>,
+    },
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    ResetPeaks,
+}
+
+/// A block handed out: the allocator's id, its serial number and owner (for [`HeapOp`]).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    block: BlockId,
+    serial: u64,
+    owner: Option<usize>,
+}
+
 /// The allocator, the blocks under each key, and the first error met.
 pub(super) struct Heap {
     alloc: CachingAllocator,
-    blocks: HashMap<Key, Vec<BlockId>>,
+    blocks: HashMap<Key, Vec<Held>>,
     error: Option<Error>,
     /// The stream, when `MEMEST_ALLOC_TRACE` names a file to write it to (module docs).
     trace: Option<Vec<String>>,
+    /// The step being processed ([`Heap::at`]).
+    at: Option<usize>,
+    /// Blocks handed out so far (the next serial number).
+    serials: u64,
+    /// Every operation, when asked for ([`Heap::record`]).
+    pub log: Option<Vec<HeapOp>>,
 }
 
 /// The environment variable naming the file [`Heap`] writes its stream to.
@@ -81,17 +127,57 @@ impl Heap {
             blocks: HashMap::new(),
             error: None,
             trace: std::env::var_os(TRACE_VAR).map(|_| Vec::new()),
+            at: None,
+            serials: 0,
+            log: None,
         }
     }
 
-    /// A block of `bytes` under `key` (a key may hold several).
-    pub(super) fn alloc(&mut self, key: Key, bytes: u64) {
+    /// Keeps every operation from now on in [`Heap::log`].
+    pub(super) fn record(&mut self) {
+        self.log = Some(Vec::new());
+    }
+
+    /// Whether operations are being recorded.
+    pub(super) fn recording(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Sets the step being processed (`None`: none, a block's owner then stands for it).
+    pub(super) fn at(&mut self, step: Option<usize>) {
+        self.at = step;
+    }
+
+    /// The step being processed, if set.
+    pub(super) fn at_step(&self) -> Option<usize> {
+        self.at
+    }
+
+    /// A block of `bytes` under `key` (a key may hold several), holding a tensor of step
+    /// `owner`.
+    pub(super) fn alloc(&mut self, key: Key, bytes: u64, owner: Option<usize>) {
         let r = self.alloc.malloc(bytes);
         if let Some(t) = &mut self.trace {
             t.push(format!("a {key:?} {bytes} {}", self.alloc.reserved()));
         }
         match r {
-            Ok(Some(b)) => self.blocks.entry(key).or_default().push(b),
+            Ok(Some(block)) => {
+                let serial = self.serials;
+                self.serials += 1;
+                if let Some(log) = &mut self.log {
+                    log.push(HeapOp::Alloc {
+                        serial,
+                        bytes,
+                        owner,
+                        at: self.at.or(owner),
+                    });
+                }
+                self.blocks.entry(key).or_default().push(Held {
+                    block,
+                    serial,
+                    owner,
+                });
+            }
             Ok(None) => {}
             Err(e) => {
                 self.error.get_or_insert(e);
@@ -101,11 +187,17 @@ impl Heap {
 
     /// Frees every block under `key` (none: nothing).
     pub(super) fn free(&mut self, key: Key) {
-        for b in self.blocks.remove(&key).unwrap_or_default() {
+        for h in self.blocks.remove(&key).unwrap_or_default() {
             if let Some(t) = &mut self.trace {
                 t.push(format!("f {key:?}"));
             }
-            if let Err(e) = self.alloc.free(b) {
+            if let Some(log) = &mut self.log {
+                log.push(HeapOp::Free {
+                    serial: h.serial,
+                    at: self.at.or(h.owner),
+                });
+            }
+            if let Err(e) = self.alloc.free(h.block) {
                 self.error.get_or_insert(e);
             }
         }
@@ -118,9 +210,11 @@ impl Heap {
         }
     }
 
-    /// Frees every block whose key `pick` selects.
+    /// Frees every block whose key `pick` selects, in the keys' order (the allocator's state
+    /// after a run of frees does not depend on their order: freed neighbours always merge).
     pub(super) fn free_all(&mut self, pick: impl Fn(&Key) -> bool) {
-        let keys: Vec<Key> = self.blocks.keys().filter(|k| pick(k)).copied().collect();
+        let mut keys: Vec<Key> = self.blocks.keys().filter(|k| pick(k)).copied().collect();
+        keys.sort_unstable();
         for k in keys {
             self.free(k);
         }
@@ -140,6 +234,9 @@ impl Heap {
     pub(super) fn reset_peaks(&mut self) {
         if let Some(t) = &mut self.trace {
             t.push("# RESET".to_string());
+        }
+        if let Some(log) = &mut self.log {
+            log.push(HeapOp::ResetPeaks);
         }
         self.alloc.reset_peaks();
     }

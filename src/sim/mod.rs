@@ -30,6 +30,7 @@
 mod heap;
 mod liveness;
 mod parallel;
+pub(crate) mod periodic;
 mod pipeline;
 mod replay;
 
@@ -46,6 +47,7 @@ use crate::shape::Shape;
 use crate::trace::{AtenOp, LayerId, StorageId, Tape, ValueId};
 use crate::vocab::Device;
 use heap::Heap;
+pub(crate) use heap::HeapOp;
 use liveness::{Liveness, SavedBytes};
 use replay::{Replay, Snapshot};
 
@@ -477,7 +479,7 @@ pub fn simulate_observed(
     settings: &Settings,
     observe: Observe,
 ) -> Result<Simulation, Error> {
-    simulate_inner(tape, settings, observe, false, None).map(|(sim, _)| sim)
+    simulate_inner(tape, settings, observe, false, None).map(|(sim, _, _)| sim)
 }
 
 /// [`simulate`], also returning every event of the step in order (what the symbolic treatment
@@ -485,13 +487,18 @@ pub fn simulate_observed(
 ///
 /// # Errors
 /// As [`simulate`].
-pub(crate) fn simulate_events(
-    tape: &Tape,
-    settings: &Settings,
-) -> Result<(Simulation, Vec<Event>), Error> {
-    let (sim, log) = simulate_inner(tape, settings, Observe::default(), true, None)?;
-    Ok((sim, log.unwrap_or_default()))
+pub(crate) fn simulate_events(tape: &Tape, settings: &Settings) -> Result<SimulatedEvents, Error> {
+    let (sim, log, heap) = simulate_inner(tape, settings, Observe::default(), true, None)?;
+    Ok((sim, log.unwrap_or_default(), heap))
 }
+
+/// What [`simulate_events`] returns: the simulation, its events and the caching allocator's
+/// operations (on CUDA).
+pub(crate) type SimulatedEvents = (Simulation, Vec<Event>, Option<Vec<HeapOp>>);
+
+/// What [`simulate_inner`] returns: the simulation, with `log` its events and the caching
+/// allocator's operations (where it runs).
+type Simulated = (Simulation, Option<Vec<Event>>, Option<Vec<HeapOp>>);
 
 fn simulate_inner(
     tape: &Tape,
@@ -499,13 +506,13 @@ fn simulate_inner(
     observe: Observe,
     log: bool,
     pipe: Option<&Pipelined>,
-) -> Result<(Simulation, Option<Vec<Event>>), Error> {
+) -> Result<Simulated, Error> {
     let training = settings.training();
     if pipe.is_none()
         && training
         && let Some(p) = settings.parallel.as_ref().and_then(|p| p.pipeline)
     {
-        return simulate_pipeline(tape, settings, observe, &p).map(|sim| (sim, None));
+        return simulate_pipeline(tape, settings, observe, &p).map(|sim| (sim, None, None));
     }
     let facts = Liveness::of(tape);
     let saved = SavedBytes::of(tape, &facts);
@@ -667,13 +674,14 @@ fn simulate_inner(
         .map(|all| Timeline::new(all, replay.peak_event));
     // Several GPUs: the worst rank's own allocation stream, where the plan's engine is
     // modelled tensor by tensor (`Dist::allocator`: DDP, FSDP).
+    let mut heap_log = None;
     let allocator = if settings.device == Device::Cuda && dist.as_ref().is_none_or(|d| d.allocator)
     {
         let config = crate::alloc::Config {
             expandable_segments: settings.expandable_segments,
             max_split_size: None,
         };
-        Some(allocator_peaks(
+        let (peaks, ops) = allocator_peaks(
             tape,
             &facts,
             dist.as_ref(),
@@ -685,7 +693,10 @@ fn simulate_inner(
                 ema_tensors(tape, settings.ema.filter(|_| training)),
                 &ema_update_tensors(tape, settings.ema.filter(|_| training)).collect::<Vec<_>>(),
             ),
-        )?)
+            log,
+        )?;
+        heap_log = ops;
+        Some(peaks)
     } else {
         None
     };
@@ -753,7 +764,7 @@ fn simulate_inner(
         allocator,
         stages: Vec::new(),
     };
-    Ok((sim, replay.log))
+    Ok((sim, replay.log, heap_log))
 }
 
 /// A training step under pipeline parallelism ([`crate::parallel::Pipeline`]): each pipeline
@@ -803,7 +814,7 @@ fn simulate_pipeline(
         if let Some(e) = r.error() {
             return Err(e);
         }
-        let (sim, _) = simulate_inner(
+        let (sim, _, _) = simulate_inner(
             &st.tape,
             settings,
             Observe::default(),
@@ -866,7 +877,7 @@ fn simulate_pipeline(
             pipe.extra[Category::Input.index()] = pipe.extra[Category::Input.index()]
                 .saturating_add(m.saturating_sub(1).saturating_mul(input_mb[c]));
             pipe.recv_grad = stage_tapes[c].sent_bytes;
-            let (sim, _) =
+            let (sim, _, _) =
                 simulate_inner(&stage_tapes[c].tape, settings, observe, false, Some(&pipe))?;
             if best.as_ref().is_none_or(|b| sim.peak_bytes > b.peak_bytes) {
                 best = Some(sim);
@@ -946,7 +957,8 @@ fn simulate_pipeline(
 /// temporary (two at once, after the optimizer step: [`ema_update_bytes`]). Under a parallel
 /// plan (`dist`), the stream is that rank's: its parameter shards, its engine's buffers
 /// ([`Replay::load`], [`Replay::rebuild_ddp_buckets`]), gathers and reductions, and its
-/// optimizer's part (`plan` is then the rank's).
+/// optimizer's part (`plan` is then the rank's). `record`: the allocator's operations are
+/// recorded and returned with the peaks ([`HeapOp`]).
 #[allow(clippy::too_many_arguments)]
 fn allocator_peaks(
     tape: &Tape,
@@ -957,8 +969,12 @@ fn allocator_peaks(
     config: crate::alloc::Config,
     (grad_accum, in_backward, keep_grads): (u64, Option<&dyn Fn(ValueId) -> u64>, bool),
     (ema, ema_update): (impl Iterator<Item = u64>, &[u64]),
-) -> Result<AllocatorPeaks, Error> {
+    record: bool,
+) -> Result<(AllocatorPeaks, Option<Vec<HeapOp>>), Error> {
     let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
+    if record {
+        r.record_heap();
+    }
     if let Some(d) = dist {
         r.distributed(d);
     }
@@ -999,15 +1015,18 @@ fn allocator_peaks(
         }
         r.end_step();
     }
-    let (allocated_peak_bytes, reserved_peak_bytes) = r
+    let heap = r
         .heap
-        .as_ref()
-        .ok_or(Error::Internal("the allocator's replay lost its allocator"))?
-        .peaks()?;
-    Ok(AllocatorPeaks {
-        allocated_peak_bytes,
-        reserved_peak_bytes,
-    })
+        .as_mut()
+        .ok_or(Error::Internal("the allocator's replay lost its allocator"))?;
+    let (allocated_peak_bytes, reserved_peak_bytes) = heap.peaks()?;
+    Ok((
+        AllocatorPeaks {
+            allocated_peak_bytes,
+            reserved_peak_bytes,
+        },
+        heap.log.take(),
+    ))
 }
 
 /// Bytes of an EMA copy of the weights in `dtype` (`None`: no EMA): every parameter and buffer,

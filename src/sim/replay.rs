@@ -81,6 +81,9 @@ pub(super) struct Replay<'a> {
     /// Pipeline parallelism: the receive buffer of the gradient of the stage's output, live
     /// through each backward pass.
     pub recv_grad: u64,
+    /// The first step that touches each storage, while the allocator's operations are
+    /// recorded ([`Replay::record_heap`]); empty otherwise.
+    storage_steps: TiVec<StorageId, Option<usize>>,
 }
 
 /// The live set at one event: storages (with the category each counts in then), activation
@@ -148,6 +151,7 @@ impl<'a> Replay<'a> {
             bucket_extra: None,
             bucket_kept: 0,
             recv_grad: 0,
+            storage_steps: TiVec::new(),
         }
     }
 
@@ -275,9 +279,67 @@ impl<'a> Replay<'a> {
     }
 
     fn heap_alloc(&mut self, key: Key, bytes: u64) {
+        let tape = self.tape;
+        let steps = &self.storage_steps;
+        let of_storage = |s: StorageId| steps.get(s).copied().flatten();
+        let of_value = |v: ValueId| tape.values.get(v).and_then(|val| of_storage(val.storage));
         if let Some(h) = &mut self.heap {
-            h.alloc(key, bytes);
+            // The step whose tensor the block holds (only recorded): a temporary belongs to
+            // the step being processed; state shared by all parameters, an EMA copy and the
+            // buffers of several GPUs' engines to none.
+            let owner = if h.recording() {
+                match key {
+                    Key::Storage(s) => of_storage(s),
+                    Key::Grad(v)
+                    | Key::ParamGrad(v)
+                    | Key::MasterGrad(v)
+                    | Key::Master(v)
+                    | Key::State(v) => of_value(v),
+                    Key::Moved | Key::Transient | Key::StepTemporaries => h.at_step(),
+                    Key::SharedState
+                    | Key::Ema
+                    | Key::DdpBucket
+                    | Key::Gathered(_)
+                    | Key::GatherBuffer(_)
+                    | Key::ReduceBuffer(_)
+                    | Key::ShardGrads(_) => None,
+                }
+            } else {
+                None
+            };
+            h.alloc(key, bytes, owner);
         }
+    }
+
+    /// Records every operation of the allocator ([`Heap::record`]), each with the steps it
+    /// belongs to.
+    pub(super) fn record_heap(&mut self) {
+        let tape = self.tape;
+        let mut steps: TiVec<StorageId, Option<usize>> = ti_vec![None; tape.storages.len()];
+        for i in 0..tape.steps.len() {
+            for s in touched(tape, i) {
+                if let Some(slot) = steps.get_mut(s) {
+                    slot.get_or_insert(i);
+                }
+            }
+        }
+        self.storage_steps = steps;
+        if let Some(h) = &mut self.heap {
+            h.record();
+        }
+    }
+
+    /// Tells the allocator's record which step is being processed ([`Heap::at`]).
+    fn heap_at(&mut self, step: Option<usize>) {
+        if let Some(h) = &mut self.heap {
+            h.at(step);
+        }
+    }
+
+    /// The first step that touches parameter value `v`'s storage (when recording).
+    fn value_step(&self, v: ValueId) -> Option<usize> {
+        let val = self.tape.values.get(v)?;
+        self.storage_steps.get(val.storage).copied().flatten()
     }
 
     fn heap_free(&mut self, key: Key) {
@@ -529,6 +591,7 @@ impl<'a> Replay<'a> {
             if let Some(h) = &mut self.heap {
                 h.note(|| format!("# F {i} {:?} {}", step.op, tape.layers[step.layer].path));
             }
+            self.heap_at(Some(i));
             for (u, unit) in units.iter().enumerate() {
                 if unit.steps.start == i {
                     self.gather(u, Phase::Forward, Some(step.layer));
@@ -571,6 +634,7 @@ impl<'a> Replay<'a> {
                 }
             }
         }
+        self.heap_at(None);
         let last = std::mem::take(&mut self.pending_gather);
         self.sub(Category::CommBuffers, last);
         if let Some(p) = self.pending_unit.take() {
@@ -648,6 +712,7 @@ impl<'a> Replay<'a> {
             if let Some(h) = &mut self.heap {
                 h.note(|| format!("# B {i} {:?} {}", step.op, tape.layers[step.layer].path));
             }
+            self.heap_at(Some(i));
             let mut transient = 0u64;
             let mut moved: Option<u64> = None;
             if step.view_grad {
@@ -795,6 +860,7 @@ impl<'a> Replay<'a> {
                 }
             }
         }
+        self.heap_at(None);
         // DeepSpeed's backward epilogue reduces the last bucket, then releases the bucket
         // (`_release_ipg_buffers`).
         self.reduce_bucket(None);
@@ -842,6 +908,7 @@ impl<'a> Replay<'a> {
             if let Some(h) = &mut self.heap {
                 h.note(|| format!("# R {j} {:?} {}", step.op, tape.layers[step.layer].path));
             }
+            self.heap_at(Some(j));
             for &s in &step.allocs {
                 if !self.live[s] {
                     self.act_cat[s] = if kept.contains(&s) {
@@ -1098,10 +1165,13 @@ impl Replay<'_> {
             for j in 0..lists.unwrap_or(0) {
                 for t in plan.tensors.iter().filter(|t| has(t.id)) {
                     if let Some(&bytes) = t.temporaries.get(j) {
+                        let step = self.value_step(t.id);
+                        self.heap_at(step);
                         self.heap_alloc(Key::StepTemporaries, bytes);
                     }
                 }
             }
+            self.heap_at(None);
         } else {
             self.heap_alloc(Key::StepTemporaries, plan.temp_bytes);
         }
