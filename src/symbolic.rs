@@ -622,6 +622,10 @@ fn leaf_agrees(r: [&Value; 3], out: &Value, n: u64) -> bool {
 /// extend, and the caller unrolls.
 const ALLOCATOR_BUDGET: u64 = 20_000_000;
 
+/// The most blocks the allocator's extension visits per operation that unrolling would replay
+/// (a state of a few dozen segment groups played copy by copy).
+const VISITS_PER_OPERATION: u64 = 32;
+
 /// The caching allocator's peaks at `n` copies: the three traces' recorded operations become
 /// one program ([`periodic::Stretch`]: what happens outside the middle copies, and per run of
 /// middle copies one template), which must replay each trace's own figures exactly, copy by
@@ -646,7 +650,16 @@ fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
             }
         }
     }
-    let p = periodic::run(&program, n, true, ALLOCATOR_BUDGET)?;
+    // What unrolling would replay: the budget is a few block visits per operation, so that a
+    // state that does not turn periodic costs little more than unrolling at once.
+    let ops = program.iter().try_fold(0u64, |a, st| match st {
+        Stretch::Fixed(ops) => a.checked_add(ops.len() as u64),
+        Stretch::Run { ops, .. } => a.checked_add((ops.len() as u64).checked_mul(n - 2)?),
+    })?;
+    let budget = ops
+        .saturating_mul(VISITS_PER_OPERATION)
+        .min(ALLOCATOR_BUDGET);
+    let p = periodic::run(&program, n, true, budget)?;
     Some(AllocatorPeaks {
         allocated_peak_bytes: p.max_allocated,
         reserved_peak_bytes: p.max_reserved,

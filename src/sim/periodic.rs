@@ -97,6 +97,8 @@ pub(crate) struct Peaks {
     pub max_allocated: u64,
     /// The largest reserved bytes.
     pub max_reserved: u64,
+    /// Copies of runs played one by one (the others were extended).
+    pub played: u64,
 }
 
 /// The owner of an allocated block in a group: site, the copy in the group's first segment and
@@ -552,6 +554,7 @@ struct Candidate {
 pub(crate) fn run(program: &[Stretch], n: u64, jumps: bool, budget: u64) -> Option<Peaks> {
     let n = i64::try_from(n).ok()?;
     let mut e = Engine::default();
+    let mut played = 0u64;
     for st in program {
         match st {
             Stretch::Fixed(ops) => {
@@ -582,6 +585,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, jumps: bool, budget: u64) -> Opti
                         e.apply(op, Some(k), n)?;
                     }
                     q += 1;
+                    played += 1;
                 }
                 e.log = None;
             }
@@ -590,6 +594,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, jumps: bool, budget: u64) -> Opti
     Some(Peaks {
         max_allocated: u64::try_from(e.max_allocated).ok()?,
         max_reserved: u64::try_from(e.max_reserved).ok()?,
+        played,
     })
 }
 
@@ -701,4 +706,210 @@ fn jump(e: &mut Engine, c: &Candidate, q: i64, copies: i64) -> Option<i64> {
     e.window_max = e.allocated;
     let advanced = i64::try_from(periods.checked_mul(i128::from(c.period))?).ok()?;
     q.checked_add(advanced)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{Config, Event, replay};
+    use proptest::prelude::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The program's operations at `n` copies, as the allocator's event stream (names as ids).
+    fn expand(program: &[Stretch], n: i64) -> Vec<Event> {
+        let mut ids: HashMap<(u32, i64), u64> = HashMap::new();
+        let mut out = Vec::new();
+        let mut play = |op: &Op, k: Option<i64>, out: &mut Vec<Event>| {
+            let key = |name: &Name| {
+                let copy = match name.copy {
+                    CopyRef::None => 0,
+                    CopyRef::Rel(d) => k.unwrap() + d,
+                    CopyRef::Start(c) => c,
+                    CopyRef::End(d) => n + d,
+                };
+                (name.site, copy)
+            };
+            match op {
+                Op::Alloc { name, bytes } => {
+                    let next = ids.len() as u64;
+                    let id = *ids.entry(key(name)).or_insert(next);
+                    out.push(Event::Alloc { id, bytes: *bytes });
+                }
+                Op::Free(name) => out.push(Event::Free {
+                    id: ids[&key(name)],
+                }),
+                Op::ResetPeaks => out.push(Event::ResetPeaks),
+            }
+        };
+        for st in program {
+            match st {
+                Stretch::Fixed(ops) => {
+                    for op in ops {
+                        play(op, None, &mut out);
+                    }
+                }
+                Stretch::Run { ops, descending } => {
+                    for q in 0..n - 2 {
+                        let k = if *descending { n - 2 - q } else { 1 + q };
+                        for op in ops {
+                            play(op, Some(k), &mut out);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn name(site: u32, copy: CopyRef) -> Name {
+        Name { site, copy }
+    }
+
+    /// A step-like program: per copy, `kept` blocks made in a forward run (each copy also
+    /// frees its `transient` blocks, and its predecessor's `handoff` block), freed in a
+    /// descending backward run that makes and frees `grads`; the first and last copies are
+    /// fixed stretches; the peaks are reset between two such steps.
+    fn program(kept: &[u64], transient: &[u64], handoff: u64, grads: &[u64]) -> Vec<Stretch> {
+        let site = |i: usize| u32::try_from(i).unwrap();
+        let (h, k0, t0, g0) = (0, 1, 1 + kept.len(), 1 + kept.len() + transient.len());
+        let fwd = |copy: &dyn Fn(i64) -> CopyRef, prev: Option<CopyRef>| {
+            let mut ops = Vec::new();
+            for (i, &b) in kept.iter().enumerate() {
+                ops.push(Op::Alloc {
+                    name: name(site(k0 + i), copy(0)),
+                    bytes: b,
+                });
+            }
+            for (i, &b) in transient.iter().enumerate() {
+                ops.push(Op::Alloc {
+                    name: name(site(t0 + i), copy(0)),
+                    bytes: b,
+                });
+            }
+            for i in 0..transient.len() {
+                ops.push(Op::Free(name(site(t0 + i), copy(0))));
+            }
+            if let Some(p) = prev {
+                ops.push(Op::Free(name(site(h), p)));
+            }
+            ops.push(Op::Alloc {
+                name: name(site(h), copy(0)),
+                bytes: handoff,
+            });
+            ops
+        };
+        let bwd = |copy: &dyn Fn(i64) -> CopyRef| {
+            let mut ops = Vec::new();
+            for (i, &b) in grads.iter().enumerate() {
+                ops.push(Op::Alloc {
+                    name: name(site(g0 + i), copy(0)),
+                    bytes: b,
+                });
+            }
+            for i in 0..kept.len() {
+                ops.push(Op::Free(name(site(k0 + i), copy(0))));
+            }
+            for i in 0..grads.len() {
+                ops.push(Op::Free(name(site(g0 + i), copy(0))));
+            }
+            ops
+        };
+        let mut p = Vec::new();
+        for step in 0..2 {
+            if step == 1 {
+                p.push(Stretch::Fixed(vec![Op::ResetPeaks]));
+            }
+            p.push(Stretch::Fixed(fwd(&|_| CopyRef::Start(0), None)));
+            p.push(Stretch::Run {
+                ops: fwd(&CopyRef::Rel, Some(CopyRef::Rel(-1))),
+                descending: false,
+            });
+            let mut last = fwd(&|d| CopyRef::End(d - 1), Some(CopyRef::End(-2)));
+            last.push(Op::Free(name(site(h), CopyRef::End(-1))));
+            last.extend(bwd(&|d| CopyRef::End(d - 1)));
+            p.push(Stretch::Fixed(last));
+            p.push(Stretch::Run {
+                ops: bwd(&CopyRef::Rel),
+                descending: true,
+            });
+            p.push(Stretch::Fixed(bwd(&|_| CopyRef::Start(0))));
+        }
+        p
+    }
+
+    /// The engine's peaks at `n` copies, played copy by copy and extended, are the
+    /// allocator's on the expanded stream; returns the copies the extension played.
+    fn check(p: &[Stretch], n: i64) -> u64 {
+        let want = replay(expand(p, n), Config::default()).unwrap();
+        let want = (want.max_allocated, want.max_reserved);
+        let mut played = 0;
+        for jumps in [false, true] {
+            let got = run(p, u64::try_from(n).unwrap(), jumps, u64::MAX).unwrap();
+            assert_eq!(
+                (got.max_allocated, got.max_reserved),
+                want,
+                "n {n} jumps {jumps}"
+            );
+            played = got.played;
+        }
+        played
+    }
+
+    /// Blocks that each take a segment of their own (12 MiB) repeat with period one: the
+    /// state is extended (a few copies of each run played), and its peaks are the allocator's
+    /// on the whole stream. With segments of two layouts interleaved (20 MiB segments shared
+    /// by 3 and 5 MiB blocks between them), every copy is played.
+    #[test]
+    fn large_blocks_extend_exactly() {
+        let p = program(&[12 * MIB], &[], 12 * MIB, &[12 * MIB]);
+        for n in [3, 4, 5, 9, 16, 40, 200] {
+            check(&p, n);
+        }
+        // Four runs of 998 copies.
+        let played = check(&p, 1000);
+        assert!(played < 100, "{played}");
+        let p = program(&[12 * MIB, 3 * MIB], &[5 * MIB], 2 * MIB, &[12 * MIB]);
+        for n in [3, 4, 5, 9, 16, 40, 200] {
+            check(&p, n);
+        }
+        assert_eq!(check(&p, 300), 4 * 298);
+    }
+
+    fn size() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            1u64..4096,
+            (1u64..2048).prop_map(|k| k * 512),
+            Just(MIB),
+            Just(MIB + 512),
+            (1u64..20).prop_map(|k| k * MIB / 2),
+            Just(10 * MIB - 512),
+            Just(10 * MIB),
+            (10u64..40).prop_map(|k| k * MIB + 4096),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64),
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(20_261_201),
+            ..ProptestConfig::default()
+        })]
+
+        /// Random step-like programs over every size class: played copy by copy and extended,
+        /// the peaks are those of the allocator ([`crate::alloc::replay`]) on the expanded
+        /// stream, at counts from 3 to 120.
+        #[test]
+        fn random_programs_match_the_allocator(
+            kept in prop::collection::vec(size(), 0..4),
+            transient in prop::collection::vec(size(), 0..3),
+            handoff in size(),
+            grads in prop::collection::vec(size(), 0..3),
+            n in 3i64..120,
+        ) {
+            let p = program(&kept, &transient, handoff, &grads);
+            check(&p, n);
+        }
+    }
 }
