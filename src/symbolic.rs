@@ -623,8 +623,11 @@ fn leaf_agrees(r: [&Value; 3], out: &Value, n: u64) -> bool {
 const ALLOCATOR_BUDGET: u64 = 20_000_000;
 
 /// The most blocks the allocator's extension visits per operation that unrolling would replay
-/// (a state of a few dozen segment groups played copy by copy).
-const VISITS_PER_OPERATION: u64 = 32;
+/// (a state of a hundred segment groups played copy by copy).
+const VISITS_PER_OPERATION: u64 = 128;
+
+/// The extension's budget at least (about 1 ms).
+const MIN_ALLOCATOR_BUDGET: u64 = 1_000_000;
 
 /// The caching allocator's peaks at `n` copies: the three traces' recorded operations become
 /// one program ([`periodic::Stretch`]: what happens outside the middle copies, and per run of
@@ -658,7 +661,7 @@ fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     })?;
     let budget = ops
         .saturating_mul(VISITS_PER_OPERATION)
-        .min(ALLOCATOR_BUDGET);
+        .clamp(MIN_ALLOCATOR_BUDGET, ALLOCATOR_BUDGET);
     let p = periodic::run(&program, n, true, budget)?;
     Some(AllocatorPeaks {
         allocated_peak_bytes: p.max_allocated,
