@@ -231,19 +231,26 @@ impl Tracer<'_> {
         c0: Option<ValueId>,
         weights: &[Weights],
     ) -> Result<ValueId, Error> {
-        let dtype = self.val(x).dtype;
         let (h, r, dirs) = (c.hidden_size, c.out_size(), c.directions());
-        let rg = self.rg(x) || weights.iter().any(|w| self.rg(w.ih));
+        let mut flat = Vec::new();
+        for w in weights {
+            flat.extend([w.ih, w.hh]);
+            if let Some((bi, bh)) = w.biases {
+                flat.extend([bi, bh]);
+            }
+            flat.extend(w.hr);
+        }
+        let (x, h0, c0) = if self.s.amp.is_some() {
+            self.cudnn_rnn_autocast(x, h0, c0, &mut flat)?
+        } else {
+            (x, h0, c0)
+        };
+        let dtype = self.val(x).dtype;
+        let rg = self.rg(x) || flat.iter().any(|&w| self.rg(w));
         let y = self.fresh(Shape::from([t, n, dirs * r]), dtype, "output", rg)?;
         let mut inputs = vec![x, h0];
         inputs.extend(c0);
-        for w in weights {
-            inputs.extend([w.ih, w.hh]);
-            if let Some((bi, bh)) = w.biases {
-                inputs.extend([bi, bh]);
-            }
-            inputs.extend(w.hr);
-        }
+        inputs.extend(flat);
         // `x = input.contiguous()` of the transposed batch-first input: a transient copy.
         let mut allocs = Vec::new();
         if c.batch_first && t > 1 && n > 1 {
@@ -303,6 +310,55 @@ impl Tracer<'_> {
                 .results(results),
         )?;
         Ok(y)
+    }
+
+    /// CUDA autocast's `_cudnn_rnn` (`aten/src/ATen/cudnn/AutocastRNN.cpp`,
+    /// `_cudnn_rnn_cast_reflatten`): float16 whatever the autocast dtype (`cached_cast(kHalf,
+    /// ..)`): the input, `hx` and `cx` cast to float16 copies, and every weight copied into one
+    /// new float16 flat buffer (`copy_weights_to_flat_buf_views`, autograd-exposed), which
+    /// `_cudnn_rnn` then keeps as its weights. Returns the cast input and states; `flat` becomes
+    /// the one buffer. From the source; not measured (no GPU, and fake tensors cannot run it).
+    fn cudnn_rnn_autocast(
+        &mut self,
+        x: ValueId,
+        h0: ValueId,
+        c0: Option<ValueId>,
+        flat: &mut Vec<ValueId>,
+    ) -> Result<(ValueId, ValueId, Option<ValueId>), Error> {
+        let half = |t: &mut Self, v: ValueId| -> Result<ValueId, Error> {
+            let val = t.val(v).clone();
+            if val.dtype == DType::Float16 {
+                return Ok(v);
+            }
+            let out = t.fresh(val.shape, DType::Float16, "float16 copy", val.requires_grad)?;
+            t.call(Call::new(AtenOp::ToCopy, vec![v], vec![out]))?;
+            Ok(out)
+        };
+        let x = half(self, x)?;
+        let h0 = half(self, h0)?;
+        let c0 = match c0 {
+            Some(c0) => Some(half(self, c0)?),
+            None => None,
+        };
+        if flat.iter().any(|&w| self.val(w).dtype != DType::Float16) {
+            let mut numel = 0u64;
+            for &w in flat.iter() {
+                numel = checked(
+                    self.val(w).shape.numel().and_then(|n| numel.checked_add(n)),
+                    "the flat weight buffer",
+                )?;
+            }
+            let rg = flat.iter().any(|&w| self.rg(w));
+            let buf = self.fresh(
+                Shape::from([numel]),
+                DType::Float16,
+                "float16 flat weights",
+                rg,
+            )?;
+            self.call(Call::new(AtenOp::ToCopy, flat.clone(), vec![buf]))?;
+            *flat = vec![buf];
+        }
+        Ok((x, h0, c0))
     }
 
     /// `mkldnn_rnn`: `mkldnn_rnn_layer` per layer and direction, the directions' outputs
