@@ -383,7 +383,9 @@ pub const EXPLAIN_TOP: usize = 10;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub struct ExplainedTensor {
-    /// What it is (`output`, `softmax output`, `weight`, `gradient of output`, …).
+    /// What it is (`output`, `softmax output`, `weight`, `gradient of output`, …); under a
+    /// sharded plan a parameter's part on this GPU is `parameter (shard)`, with the whole
+    /// parameter's shape and the shard's bytes.
     pub what: String,
     /// Dotted path of the layer that made it.
     pub layer: String,

@@ -70,6 +70,13 @@ pub struct ModelSpec {
     /// go past its `num_positions` at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_positions: Option<u64>,
+    /// The hidden size the Hugging Face Trainer reads to fill DeepSpeed sizes left `"auto"`
+    /// (`trainer_config_finalize` in `transformers/integrations/deepspeed.py`): a config's
+    /// `hidden_size`, else the largest of `hidden_sizes`, else `text_config`'s. A memest file
+    /// may give it (`--print-model` writes a config's); without it the width of the first
+    /// token embedding stands in. `None` when neither gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_size: Option<u64>,
     /// The model's input, per sample (no batch dimension): the first layer reads it, and so does
     /// any layer that names `input`.
     pub input: InputSpec,
@@ -83,13 +90,6 @@ pub struct ModelSpec {
     pub defaults: DefaultsSpec,
     /// The layers, in forward order.
     pub layers: Vec<LayerSpec>,
-    /// The hidden size a Hugging Face config gives, as the Trainer reads it for DeepSpeed sizes
-    /// left `"auto"` (`trainer_config_finalize` in `transformers/integrations/deepspeed.py`):
-    /// `hidden_size`, else the largest of `hidden_sizes`, else `text_config`'s. `None` for a
-    /// memest file (the width of the first token embedding stands in) and for a config without
-    /// one. Not part of the file format.
-    #[serde(skip)]
-    pub hidden_size: Option<u64>,
 }
 
 /// The input tensor, without its batch dimension.

@@ -229,6 +229,11 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
             ));
         }
     }
+    if spec.hidden_size == Some(0) {
+        return Err(Error::Model(
+            "hidden_size is 0: give the model's hidden size (it sizes DeepSpeed's \"auto\" buckets), or leave it out".into(),
+        ));
+    }
     for (name, input) in &spec.inputs {
         if name == INPUT || name.is_empty() {
             return Err(Error::Model(format!(

@@ -52,14 +52,19 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
         ));
     }
 
-    // RobertaEmbeddings: positions count from `padding_idx + 1`.
-    let pad = if roberta {
-        c.pad_token_id.unwrap_or(1)
-    } else {
-        0
-    };
+    // The word embeddings' `padding_idx` (`nn.Embedding` asserts it is below
+    // `num_embeddings`). RobertaEmbeddings: positions count from `padding_idx + 1`.
+    let pad = c.pad_token_id.unwrap_or(if roberta { 1 } else { 0 });
+    if pad >= vocab {
+        return Err(cfg.err(format!(
+            "`pad_token_id` ({pad}) is not a token of the vocabulary (`vocab_size` {vocab}): it is the word embeddings' padding_idx, which must be below vocab_size"
+        )));
+    }
     let max_seq = if roberta {
-        positions.checked_sub(pad + 1).filter(|&n| n > 0).ok_or_else(|| {
+        pad.checked_add(1)
+            .and_then(|first| positions.checked_sub(first))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
             cfg.err(format!(
                 "`max_position_embeddings` ({positions}) leaves no position after `pad_token_id` ({pad})"
             ))

@@ -402,7 +402,8 @@ pub struct LiveTensor {
     pub shape: Shape,
     /// Its dtype.
     pub dtype: DType,
-    /// Its bytes.
+    /// Its bytes on this GPU: under a sharded plan a parameter's shard (its `what` then ends in
+    /// `(shard)`; the shape stays the whole parameter's).
     pub bytes: u64,
     /// The category it counts in at the peak.
     pub category: Category,
@@ -417,18 +418,25 @@ fn live_tensors(tape: &Tape, snap: Snapshot) -> Vec<LiveTensor> {
             made_by.entry(s).or_insert(step.op);
         }
     }
+    // A parameter sharded away from this GPU (offloaded, or another rank's) counts nothing
+    // here; one with a shard counts the shard.
     let mut out: Vec<LiveTensor> = snap
         .storages
         .into_iter()
-        .map(|(s, category)| {
+        .filter(|&(_, _, bytes)| bytes > 0)
+        .map(|(s, category, bytes)| {
             let st = &tape.storages[s];
             LiveTensor {
-                what: st.what.to_string(),
+                what: if bytes < st.bytes {
+                    format!("{} (shard)", st.what)
+                } else {
+                    st.what.to_string()
+                },
                 layer: st.layer,
                 op: made_by.get(&s).copied(),
                 shape: st.shape.clone(),
                 dtype: st.dtype,
-                bytes: st.bytes,
+                bytes,
                 category,
             }
         })

@@ -505,6 +505,10 @@ impl Dist {
                         }
                         s
                     }
+                    // Not split: the optimizer sees each parameter as the module holds it (a
+                    // tensor-parallel shard keeps its rank's shape), so Adafactor factors it as
+                    // on one GPU.
+                    _ if split.optimizer <= 1 => t.shape.clone(),
                     _ => vec![n],
                 }
             })

@@ -86,11 +86,11 @@ pub(super) struct Replay<'a> {
     storage_steps: TiVec<StorageId, Option<usize>>,
 }
 
-/// The live set at one event: storages (with the category each counts in then), activation
-/// gradients and parameter gradients (value, bytes).
+/// The live set at one event: storages (with the category each counts in then and the bytes
+/// it counts on this GPU), activation gradients and parameter gradients (value, bytes).
 #[derive(Clone, Debug, Default)]
 pub(super) struct Snapshot {
-    pub storages: Vec<(StorageId, Category)>,
+    pub storages: Vec<(StorageId, Category, u64)>,
     pub grads: Vec<(ValueId, u64)>,
     pub param_grads: Vec<(ValueId, u64)>,
 }
@@ -387,7 +387,7 @@ impl<'a> Replay<'a> {
             .live
             .iter_enumerated()
             .filter(|&(_, &l)| l)
-            .map(|(s, _)| (s, self.category(s)))
+            .map(|(s, _)| (s, self.category(s), self.counted_bytes(s)))
             .collect();
         let snap = self.snapshot.get_or_insert_with(Snapshot::default);
         snap.storages = storages;
@@ -406,6 +406,16 @@ impl<'a> Replay<'a> {
             ))
         } else {
             None
+        }
+    }
+
+    /// The bytes a live storage counts on this GPU: a parameter's shard under a sharded plan
+    /// ([`Replay::start`]), else the whole storage.
+    fn counted_bytes(&self, s: StorageId) -> u64 {
+        let storage = &self.tape.storages[s];
+        match self.dist.and_then(|d| d.resident.get(&s)) {
+            Some(&bytes) if storage.kind == StorageKind::Parameter => bytes,
+            _ => storage.bytes,
         }
     }
 
@@ -838,9 +848,16 @@ impl<'a> Replay<'a> {
                     }
                 }
             }
-            let frees = |s: StorageId| facts.bwd_free_at[s] == Some(i) && !facts.held[s];
+            // Backward frees activations only: the input batch, parameters and buffers belong
+            // to the training loop and the module, whatever autograd saved of them (a
+            // checkpointed block that reads the input batch directly too).
+            let frees = |s: StorageId| {
+                facts.bwd_free_at[s] == Some(i)
+                    && !facts.held[s]
+                    && tape.storages[s].kind == StorageKind::Activation
+            };
             for &s in &step.saves {
-                if frees(s) && tape.storages[s].kind == StorageKind::Activation {
+                if frees(s) {
                     self.free(s);
                 }
             }

@@ -642,10 +642,25 @@ fn check_training_loop(r: &Report) -> Result<(), String> {
         equal(("dp · tp · pp · cp", ranks), ("--gpus", Some(plan.gpus)))?;
         let (u, g) = (&p.unsharded, &p.per_gpu);
         // DeepSpeed keeps float32 optimizer state and gradient partitions under a 16-bit
-        // recipe, so only its parameters are bounded by one GPU's figures.
+        // recipe (and float32 master partitions even of 16-bit trainable weights), so only its
+        // parameters are bounded by one GPU's figures. FSDP2 under a `mixed-*` recipe keeps
+        // float32 shards that are the parameters and the master weights at once
+        // (`MixedPrecisionPolicy`), and casts their gradients to float32 after the
+        // reduce-scatter: its parameters and master weights are bounded together, and only they.
         let zero = matches!(plan.sharding, memest::parallel::Sharding::Zero(_));
+        let fsdp_float32_shards = matches!(plan.sharding, memest::parallel::Sharding::Fsdp(_))
+            && u.master_weights_bytes > 0
+            && g.master_weights_bytes == 0;
         let states = [
-            ("parameters", g.parameters_bytes, u.parameters_bytes),
+            if fsdp_float32_shards {
+                (
+                    "parameters and master weights",
+                    g.parameters_bytes.saturating_add(g.master_weights_bytes),
+                    u.parameters_bytes.saturating_add(u.master_weights_bytes),
+                )
+            } else {
+                ("parameters", g.parameters_bytes, u.parameters_bytes)
+            },
             ("gradients", g.gradients_bytes, u.gradients_bytes),
             (
                 "optimizer state",
@@ -653,7 +668,11 @@ fn check_training_loop(r: &Report) -> Result<(), String> {
                 u.optimizer_state_bytes,
             ),
         ];
-        for (name, per_gpu, whole) in states.into_iter().take(if zero { 1 } else { 3 }) {
+        for (name, per_gpu, whole) in
+            states
+                .into_iter()
+                .take(if zero || fsdp_float32_shards { 1 } else { 3 })
+        {
             at_most(
                 (&format!("per-GPU {name}"), per_gpu),
                 (&format!("unsharded {name}"), whole),
