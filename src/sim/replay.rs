@@ -848,22 +848,23 @@ impl<'a> Replay<'a> {
                     }
                 }
             }
-            // Backward frees activations only: the input batch, parameters and buffers belong
-            // to the training loop and the module, whatever autograd saved of them (a
-            // checkpointed block that reads the input batch directly too).
-            let frees = |s: StorageId| {
-                facts.bwd_free_at[s] == Some(i)
-                    && !facts.held[s]
-                    && tape.storages[s].kind == StorageKind::Activation
-            };
+            let frees = |s: StorageId| facts.bwd_free_at[s] == Some(i) && !facts.held[s];
             for &s in &step.saves {
-                if frees(s) {
+                if frees(s) && tape.storages[s].kind == StorageKind::Activation {
                     self.free(s);
                 }
             }
             if let Some(&g) = seg_by_start.get(&i) {
                 for &s in &facts.seg_inputs[g] {
-                    if frees(s) {
+                    // A checkpointed block's inputs go with its backward (a pipeline stage's
+                    // received activations too), but not the input batch, parameters or
+                    // buffers, which the training loop and the module hold (a block that reads
+                    // the input batch directly).
+                    let owned = matches!(
+                        tape.storages[s].kind,
+                        StorageKind::Input | StorageKind::Parameter | StorageKind::Buffer
+                    );
+                    if frees(s) && !owned {
                         self.free(s);
                     }
                 }
