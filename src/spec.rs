@@ -224,6 +224,12 @@ pub fn parse(src: &str, format: Format, kind_keys: KindKeys) -> Result<ModelSpec
     match format {
         Format::Toml => {
             let de = toml::Deserializer::parse(src).map_err(|e| toml_error(src, &e, None))?;
+            // A file that reads is read without tracking the path (which copies every key);
+            // one that does not is read again with it, for the error's path.
+            if let Ok(spec) = ModelSpec::deserialize(de) {
+                return Ok(spec);
+            }
+            let de = toml::Deserializer::parse(src).map_err(|e| toml_error(src, &e, None))?;
             serde_path_to_error::deserialize::<_, ModelSpec>(de).map_err(|e| {
                 let doc = toml::from_str::<serde_json::Value>(src).ok();
                 let key = last_key(e.path());
@@ -248,6 +254,13 @@ pub fn parse(src: &str, format: Format, kind_keys: KindKeys) -> Result<ModelSpec
             message: "the top level must be a JSON object with `input` and `layers`".into(),
         })),
         Format::Json => {
+            // As TOML: the path is tracked only to report an error.
+            let mut de = serde_json::Deserializer::from_str(src);
+            if let Ok(spec) = ModelSpec::deserialize(&mut de)
+                && de.end().is_ok()
+            {
+                return Ok(spec);
+            }
             let mut de = serde_json::Deserializer::from_str(src);
             let spec = serde_path_to_error::deserialize::<_, ModelSpec>(&mut de).map_err(|e| {
                 let key = last_key(e.path());

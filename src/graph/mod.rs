@@ -282,7 +282,7 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
 
 /// The names of a block's layers so far, each with its operation (`None` for a repeated block
 /// or a named model input), for `inputs` and `shares`.
-type Scope = HashMap<String, Option<(LayerKind, Op)>>;
+type Scope = HashMap<String, Option<(LayerKind, Op)>, foldhash::fast::RandomState>;
 
 fn build_layers(
     specs: &[LayerSpec],
@@ -290,7 +290,10 @@ fn build_layers(
     scopes: &mut Vec<Scope>,
     parent_trainable: bool,
 ) -> Result<Vec<Layer>, Error> {
-    scopes.push(HashMap::new());
+    scopes.push(Scope::with_capacity_and_hasher(
+        specs.len(),
+        foldhash::fast::RandomState::default(),
+    ));
     let mut out = Vec::with_capacity(specs.len());
     let prefix = if parent.positions.is_empty() {
         String::new()
@@ -299,7 +302,8 @@ fn build_layers(
     };
     // The names the block's layers are given, looked up once per unnamed layer (a set, so that
     // naming stays linear in the number of layers).
-    let given: HashSet<&str> = specs.iter().filter_map(|l| l.name.as_deref()).collect();
+    let given: HashSet<&str, foldhash::fast::RandomState> =
+        specs.iter().filter_map(|l| l.name.as_deref()).collect();
     for (i, spec) in specs.iter().enumerate() {
         let mut positions = parent.positions.clone();
         positions.push(i + 1);

@@ -24,6 +24,11 @@ mod tp;
 
 use std::collections::HashMap;
 
+/// A hash map with foldhash's hasher: the tracer's per-layer maps (names in scope, each
+/// layer's row) are hashed once or more per layer, and SipHash was a tenth of tracing 100,000
+/// layers. foldhash seeds each map randomly, as std's does.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 use call::Call;
 
 pub use aten::AtenOp;
@@ -96,7 +101,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         s: settings,
         pass,
         tape: Tape::default(),
-        layer_index: HashMap::new(),
+        layer_index: FastMap::default(),
         cast_cache: HashMap::new(),
         embeddings: HashMap::new(),
         rope: None,
@@ -112,6 +117,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         lora_modules: Vec::new(),
         tp: tp::Tp::of(settings.parallel.as_ref()),
         layer_params: Vec::new(),
+        shares_used: any_shares(&model.layers),
         sharing: None,
     };
     // Context parallelism: each rank holds `seq / cp` positions of every sequence.
@@ -156,7 +162,9 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
     });
     let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
     let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
-    let mut top = HashMap::from([(INPUT, input)]);
+    let mut top: FastMap<&str, ValueId> =
+        FastMap::with_capacity_and_hasher(model.layers.len() + 1, Default::default());
+    top.insert(INPUT, input);
     for (name, dims, d) in &model.extra_inputs {
         let shape = input_shape(dims)?;
         let dtype = input_dtype(*d);
@@ -267,7 +275,7 @@ struct Tracer<'a> {
     tape: Tape,
     /// Each graph layer's row in `tape.layers`, by the layer's address in the [`Model`] (every
     /// copy of a repeated block shares its layers' rows).
-    layer_index: HashMap<usize, LayerId>,
+    layer_index: FastMap<usize, LayerId>,
     /// Autocast's cache of lower-precision weight copies, one per parameter per forward.
     cast_cache: HashMap<ValueId, ValueId>,
     /// Embedding weights by layer name, for `tie`.
@@ -300,9 +308,19 @@ struct Tracer<'a> {
     /// traced layer's parameters by name, in the order the layer made them: what a later layer
     /// with `shares` reuses.
     layer_params: Vec<HashMap<String, Vec<ValueId>>>,
+    /// Whether any layer of the model has `shares`: only then are [`Tracer::layer_params`]
+    /// recorded (a name and a list per layer otherwise unused).
+    shares_used: bool,
     /// While a layer with `shares` is traced, the parameters it takes (in order) instead of
     /// making its own ([`Tracer::param_typed`]).
     sharing: Option<std::collections::VecDeque<ValueId>>,
+}
+
+/// Whether a layer of `layers` (inside blocks too) has `shares`.
+fn any_shares(layers: &[Layer]) -> bool {
+    layers.iter().any(|l| {
+        l.shares.is_some() || matches!(&l.node, Node::Repeat { body, .. } if any_shares(body))
+    })
 }
 
 fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {
@@ -592,7 +610,7 @@ impl Tracer<'_> {
         &mut self,
         layers: &'m [Layer],
         input: ValueId,
-        scopes: &mut Vec<HashMap<&'m str, ValueId>>,
+        scopes: &mut Vec<FastMap<&'m str, ValueId>>,
         prefix: &str,
         repeat: u64,
     ) -> Result<ValueId, Error> {
@@ -737,7 +755,10 @@ impl Tracer<'_> {
                                 input: before.storage,
                             }));
                         }
-                        scopes.push(HashMap::from([(INPUT, x)]));
+                        let mut scope =
+                            FastMap::with_capacity_and_hasher(body.len() + 1, Default::default());
+                        scope.insert(INPUT, x);
+                        scopes.push(scope);
                         let outermost = !self.in_block;
                         self.in_block = true;
                         self.block_kept.push(Vec::new());
@@ -890,6 +911,9 @@ impl Tracer<'_> {
             ));
         }
         self.note_params(first_param, first_storage);
+        if !self.shares_used {
+            return Ok(out);
+        }
         let params: Vec<ValueId> = match &layer.shares {
             Some(owner) => self
                 .layer_params
