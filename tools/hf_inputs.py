@@ -30,7 +30,8 @@ A case whose `model` is `diffusers:CLASS` builds `diffusers.CLASS.from_config(ca
 `added_cond_kwargs` entries `text_embeds` and `time_ids` are named at the top level of `inputs`
 and passed on in that dict by a wrapper without parameters). Its loss is `out.sample.sum()`, or
 with `"loss": "mse"` diffusers' training scripts' `F.mse_loss(out.sample.float(),
-target.float())` against a `target` input of the output's shape.
+target.float())` against a `target` input of the output's shape (handed to the wrapper, which
+ignores it, so that measure.py counts it as an input and not as a saved activation).
 
 `extend(measure_module)` wraps the module's `build()`; cases without `inputs` are built as before.
 Used by tools/measure_hf.py (CPU) and tools/measure_fake_cuda.py (emulated CUDA).
@@ -49,15 +50,20 @@ def _vocab(cfg):
 ADDED_COND = ("text_embeds", "time_ids")
 
 
-class _AddedCond(torch.nn.Module):
-    """Passes SDXL's `text_embeds` and `time_ids` to the UNet in `added_cond_kwargs`."""
+class _Unet(torch.nn.Module):
+    """Passes SDXL's `text_embeds` and `time_ids` to the UNet in `added_cond_kwargs`; takes the
+    loss's `target` as an input it does not use."""
 
     def __init__(self, unet):
         super().__init__()
         self.unet = unet
 
-    def forward(self, text_embeds, time_ids, **kwargs):
-        return self.unet(added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids}, **kwargs)
+    def forward(self, target=None, **kwargs):
+        self.target = target  # as measure.py moved it to the device: the loss reads this one
+        added = {k: kwargs.pop(k) for k in ADDED_COND if k in kwargs}
+        if added:
+            kwargs["added_cond_kwargs"] = added
+        return self.unet(**kwargs)
 
 
 def _tensors(case, dtype, vocab=None):
@@ -95,14 +101,12 @@ def _diffusers(case):
         model.enable_gradient_checkpointing()
     dtype = getattr(torch, case.get("dtype", "float32"))
     kwargs = _tensors(case, dtype)
-    target = kwargs.pop("target", None)
-    if any(k in kwargs for k in ADDED_COND):
-        model = _AddedCond(model)
+    model = _Unet(model)
     if case.get("mode", "train") == "infer":
         return model, (lambda: ((), kwargs)), (lambda out: None)
     if case.get("loss") == "mse":
         return model, (lambda: ((), kwargs)), (
-            lambda out: torch.nn.functional.mse_loss(out.sample.float(), target.to(out.sample.device).float()))
+            lambda out: torch.nn.functional.mse_loss(out.sample.float(), model.target.float()))
     return model, (lambda: ((), kwargs)), (lambda out: out.sample.sum())
 
 

@@ -33,8 +33,8 @@ pub use embed::{
 pub use linear::LinearCfg;
 pub use norm::{BatchNormCfg, GroupNormCfg, LayerNormCfg, RmsNormCfg, RmsStyle};
 pub use pointwise::{
-    Activation, AddCfg, Combine, ConcatCfg, CrossEntropyCfg, DropoutCfg, ParameterCfg, ScaleCfg,
-    SoftmaxCfg, StochasticDepthCfg,
+    Activation, AddCfg, Combine, ConcatCfg, CrossEntropyCfg, DropoutCfg, MseLossCfg, ParameterCfg,
+    ScaleCfg, SoftmaxCfg, StochasticDepthCfg,
 };
 pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
 pub use resize::{PadCfg, UpsampleCfg, UpsampleTo};
@@ -205,6 +205,8 @@ pub enum Op {
     Scale(ScaleCfg),
     /// `cross_entropy`.
     CrossEntropy(CrossEntropyCfg),
+    /// `mse_loss`.
+    MseLoss(MseLossCfg),
 }
 
 /// Reserved name for the input of the model or of the enclosing block.
@@ -597,6 +599,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         }
         K::Scale => Op::Scale(ScaleCfg::read(r)?),
         K::CrossEntropy => Op::CrossEntropy(CrossEntropyCfg::read(r)?),
+        K::MseLoss => Op::MseLoss(MseLossCfg::read(r)?),
     })
 }
 

@@ -268,6 +268,28 @@ pub struct CrossEntropyCfg {
     pub upcast: bool,
 }
 
+/// Mean squared error of the input against a target of its shape
+/// (`F.mse_loss(pred, target)`, `reduction="mean"`), the denoising loss of diffusion training;
+/// ends the forward pass. The target is a batch input of the prediction's shape, in the model's
+/// input dtype (float32 under `--amp`), as `noise = torch.randn_like(latents)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MseLossCfg {
+    /// Computes it on float32 copies of a 16-bit prediction and target (diffusers' training
+    /// scripts: `F.mse_loss(model_pred.float(), target.float())`).
+    pub upcast: bool,
+}
+
+impl MseLossCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = MseLossCfg {
+            upcast: r.or(key!(s.upcast), false),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}
+
 impl CrossEntropyCfg {
     pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
         let s = r.spec();

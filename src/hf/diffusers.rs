@@ -928,8 +928,10 @@ pub(super) fn unet(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Unet, Error>
 /// The memest description of a diffusers config whose `_class_name` is `class` (one of
 /// [`CLASSES`]): the model, its inputs (the latent `sample` as the model's input, the named
 /// ones of [`named_inputs`]), `seq` 77 (CLIP's context) and SDPA attention, as diffusers'
-/// `AttnProcessor2_0` runs it. There is no loss layer: the training step backpropagates
-/// `out.sum()`.
+/// `AttnProcessor2_0` runs it. With `loss`, the output ends in the denoising loss of diffusers'
+/// training scripts (`train_dreambooth.py`, `train_text_to_image.py`):
+/// `F.mse_loss(model_pred.float(), target.float())` (`mse_loss` with `upcast`); without it
+/// (`--head none`) the training step backpropagates `out.sum()`.
 ///
 /// # Errors
 /// [`Error::Hf`] naming the field for a value of the wrong type, a block type or option memest
@@ -938,6 +940,7 @@ pub(super) fn to_spec(
     text: &str,
     class: &str,
     image: Option<super::ImageSize>,
+    loss: bool,
 ) -> Result<ModelSpec, Error> {
     let cfg = Cfg {
         text,
@@ -960,12 +963,23 @@ pub(super) fn to_spec(
             ));
         }
     };
-    let u = unet(&cfg, latent)?;
+    let mut u = unet(&cfg, latent)?;
+    if loss {
+        u.layers.push(LayerSpec {
+            upcast: Some(true),
+            ..layer(K::MseLoss, "loss")
+        });
+    }
     let [c, h, w] = u.sample;
     Ok(ModelSpec {
         name: None,
         description: Some(format!(
-            "{class} from a diffusers config, as diffusers 0.42 builds it: the noise prediction for a latent of [{c}, {h}, {w}], no loss (the training step backpropagates out.sum())"
+            "{class} from a diffusers config, as diffusers 0.42 builds it: the noise prediction for a latent of [{c}, {h}, {w}], {}",
+            if loss {
+                "MSE denoising loss on float32 copies (diffusers' training scripts)"
+            } else {
+                "no loss (the training step backpropagates out.sum())"
+            }
         )),
         max_positions: None,
         input: InputSpec {
@@ -1003,7 +1017,7 @@ mod tests {
     }
 
     fn message(v: &serde_json::Value) -> String {
-        match to_spec(&v.to_string(), "UNet2DConditionModel", None) {
+        match to_spec(&v.to_string(), "UNet2DConditionModel", None, true) {
             Err(Error::Hf(e)) => e.message,
             other => panic!("expected an import error, got {other:?}"),
         }
@@ -1011,7 +1025,7 @@ mod tests {
 
     #[test]
     fn inputs_are_the_latent_the_text_states_and_the_timestep_embedding() {
-        let spec = to_spec(&tiny().to_string(), "UNet2DConditionModel", None).unwrap();
+        let spec = to_spec(&tiny().to_string(), "UNet2DConditionModel", None, true).unwrap();
         assert_eq!(
             spec.input.shape,
             [DimSpec::Fixed(4), DimSpec::Fixed(16), DimSpec::Fixed(16)]
@@ -1033,7 +1047,7 @@ mod tests {
         sdxl["addition_embed_type"] = json!("text_time");
         sdxl["addition_time_embed_dim"] = json!(8);
         sdxl["projection_class_embeddings_input_dim"] = json!(64);
-        let spec = to_spec(&sdxl.to_string(), "UNet2DConditionModel", None).unwrap();
+        let spec = to_spec(&sdxl.to_string(), "UNet2DConditionModel", None, true).unwrap();
         assert_eq!(spec.inputs[ADD_EMBEDS].shape, [DimSpec::Fixed(64)]);
     }
 
@@ -1095,6 +1109,6 @@ mod tests {
         c["layers_per_block"] = json!([1, 2]);
         c["up_block_types"] = json!(["UpBlock2D", "CrossAttnUpBlock2D"]);
         // Up blocks take layers_per_block + 1 skips each, reversed: they still mirror.
-        assert!(to_spec(&c.to_string(), "UNet2DConditionModel", None).is_ok());
+        assert!(to_spec(&c.to_string(), "UNet2DConditionModel", None, true).is_ok());
     }
 }

@@ -552,7 +552,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
                 ),
             ));
         }
-        return diffusers::to_spec(text, class, image);
+        return diffusers::to_spec(text, class, image, head == Head::Auto);
     }
     let asked_image = image;
     if let Some(what) = value.as_ref().and_then(other_library) {

@@ -530,6 +530,7 @@ layer_kinds! {
     ShiftRight => "shift_right",
     Scale => "scale",
     CrossEntropy => "cross_entropy" | "cross_entropy_loss",
+    MseLoss => "mse_loss",
 }
 
 impl fmt::Display for LayerKind {

@@ -461,6 +461,63 @@ impl Tracer<'_> {
         Ok(loss)
     }
 
+    /// `F.mse_loss(x, target)` with `reduction="mean"` (see [`crate::graph::MseLossCfg`]): the
+    /// target is a batch input of `x`'s shape, in the model input's dtype (float32 under
+    /// autocast); with `upcast`, or under autocast (`mse_loss` is on the float32 lists of CPU
+    /// and CUDA autocast, `autocast_mode.cpp`), both are copied to float32 first. The kernel
+    /// (`mse_loss_out`, `native/Loss.cpp`) writes the squared differences into a temporary of
+    /// the input's size and takes its mean into the scalar loss; derivatives.yaml's
+    /// `mse_loss_backward(grad, self, target, reduction)` keeps the input and the target.
+    pub(super) fn mse_loss(&mut self, x: ValueId, upcast: bool) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        if !xv.dtype.is_float() {
+            return Err(self.err(format!(
+                "input {} {} is not a float prediction",
+                xv.dtype, xv.shape
+            )));
+        }
+        self.tape.held.push(xv.storage);
+        self.tape.has_loss = true;
+        if !self.training() {
+            return Ok(x);
+        }
+        let target_dtype = if self.s.amp.is_some() {
+            DType::Float32
+        } else {
+            xv.dtype
+        };
+        let target = self.storage(&xv.shape, target_dtype, StorageKind::Input, "target")?;
+        let to_f32 = upcast || self.s.amp.is_some();
+        let xin = if to_f32 { self.upcast_f32(x)? } else { x };
+        let (target, copy) = if to_f32 && target_dtype != DType::Float32 {
+            let t = self.storage(
+                &xv.shape,
+                DType::Float32,
+                StorageKind::Activation,
+                "float32 target",
+            )?;
+            (t, vec![t])
+        } else {
+            (target, Vec::new())
+        };
+        let dt = self.val(xin).dtype;
+        let squares = xv
+            .shape
+            .numel()
+            .and_then(|n| dt.bytes_for(n))
+            .ok_or_else(|| Error::Overflow("the size of a tensor".into()))?;
+        let rg = self.val(xin).requires_grad;
+        let loss = self.fresh(Shape::default(), dt, "loss", rg)?;
+        self.call(
+            Call::new(AtenOp::MseLoss, vec![xin], vec![loss])
+                .aux(vec![target])
+                .allocs(copy)
+                .scratch(vec![squares], Vec::new()),
+        )?;
+        self.tape.held.push(self.sid(loss));
+        Ok(loss)
+    }
+
     /// The LM head and its cross-entropy as torchtune runs them with `CEWithChunkedOutputLoss`
     /// ([`crate::settings::Loss::Chunked`]): the final hidden states `[B, S, H]` are split into
     /// `chunks` pieces along the sequence (`tensor_split`: the first `S mod chunks` pieces one

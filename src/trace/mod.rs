@@ -627,7 +627,9 @@ impl Tracer<'_> {
                     .insert(layer.name.as_str(), prev);
                 continue;
             }
-            if self.s.loss == Loss::None && matches!(layer.node, Node::Op(Op::CrossEntropy(_))) {
+            if self.s.loss == Loss::None
+                && matches!(layer.node, Node::Op(Op::CrossEntropy(_) | Op::MseLoss(_)))
+            {
                 // `--loss none`: the step ends at the model's output.
                 scopes
                     .last_mut()

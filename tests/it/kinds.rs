@@ -657,6 +657,20 @@ fn cross_entropy() {
     check("cross_entropy", &[], 180, 99);
 }
 
+/// `mse_loss` with `upcast` (diffusers' `F.mse_loss(pred.float(), target.float())`): float32,
+/// fc2 keeps fc1's output [4, 8]: 128; the loss keeps the prediction [4, 3]: 48 (`.float()` of
+/// float32 is the tensor itself) and the target (a model input, [4, 3]: 48 B of input beside
+/// the batch's 128). 176. bfloat16: fc2 keeps [4, 8] bf16: 64; the loss keeps the float32
+/// copies of the prediction and the target, 48 each: 160.
+/// Measured with PyTorch 2.15 (saved_tensors_hooks, as measure.py): 176 and 160.
+/// Parameters: 8·8 + 8 + 8·3 + 3 = 99.
+#[test]
+fn mse_loss_keeps_the_prediction_and_the_target() {
+    let v = check("mse_loss", &[], 176, 99);
+    assert_eq!(u(&v, "input_bytes"), 176);
+    check("mse_loss", &["--dtype", "bfloat16"], 160, 99);
+}
+
 /// Segmentation: logits `[2, 5, 4, 4]` from a 1×1 conv, classes on dimension 1 as
 /// `F.cross_entropy` reads them (`nll_loss2d`): log_softmax (on dim 1) keeps its output
 /// [2, 5, 4, 4]: 640; nll_loss2d keeps the labels [2, 4, 4] (a model input) and total_weight: 4.

@@ -54,6 +54,8 @@ pub enum AtenOp {
     LogSoftmax,
     /// `nll_loss_forward(self, target, weight, reduction, ignore_index)`.
     NllLoss,
+    /// `mse_loss(self, target, reduction)`.
+    MseLoss,
     /// `relu(self)`.
     Relu,
     /// `relu_(self)`.
@@ -264,6 +266,7 @@ impl AtenOp {
             AtenOp::Softmax => "_softmax",
             AtenOp::LogSoftmax => "_log_softmax",
             AtenOp::NllLoss => "nll_loss_forward",
+            AtenOp::MseLoss => "mse_loss",
             AtenOp::Relu => "relu",
             AtenOp::ReluInplace => "relu_",
             AtenOp::Hardtanh => "hardtanh",
@@ -542,6 +545,13 @@ impl AtenOp {
                 &["output"],
                 &["target", "total_weight"],
                 SaveRule::always(&[Input(0), Aux(0), Aux(1)]),
+            ),
+            AtenOp::MseLoss => spec(
+                Some("mse_loss"),
+                &["self"],
+                &["result"],
+                &["target"],
+                SaveRule::always(&[Input(0), Aux(0)]),
             ),
             AtenOp::Relu | AtenOp::ReluInplace => unary("relu", OUT),
             AtenOp::Hardtanh => unary("hardtanh", IN),

@@ -116,6 +116,7 @@ impl Tracer<'_> {
             Op::ShiftRight => self.shift_right(x),
             Op::Scale(_) => self.unary(x, AtenOp::MulScalar),
             Op::CrossEntropy(c) => self.cross_entropy(x, c.shift, c.upcast),
+            Op::MseLoss(c) => self.mse_loss(x, c.upcast),
         }
     }
 
