@@ -1018,7 +1018,8 @@ class ValueShadow(TorchDispatchMode):
 
     def _real(self, x):
         if isinstance(x, torch.Tensor):
-            return self.shadow[x]
+            # a real constant (`torch.tensor([...])` lifted into the fake mode) is its own value
+            return self.shadow[x] if x in self.shadow else x
         if isinstance(x, torch.device) and x.type == "cuda":
             return torch.device("cpu")
         return x
@@ -1029,7 +1030,8 @@ class ValueShadow(TorchDispatchMode):
         kwargs = kwargs or {}
         leaves = torch.utils._pytree.tree_leaves((args, kwargs))
         tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
-        known = bool(tensors) and all(t in self.shadow for t in tensors)
+        from torch._subclasses.fake_tensor import FakeTensor
+        known = bool(tensors) and all(t in self.shadow or not isinstance(t, FakeTensor) for t in tensors)
         real = None
         if known:
             rargs, rkwargs = torch.utils._pytree.tree_map(self._real, (args, kwargs))

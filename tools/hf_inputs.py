@@ -12,9 +12,14 @@ Multimodal cases (LLaVA, Qwen2-VL) give image-token ids and labels equal to the 
 
     "input_ids": {"ids": [64], "high": 999, "image": {"id": 999, "at": 1, "count": 16}},
                  # random ids below 999, then positions 1..17 of every sample set to 999
+                 # ("start"/"end": ids put just before and after them, Qwen2-VL's)
     "labels": {"same": "input_ids"},                                 # the same tensor (measure.py's LMs)
     "pixel_values": {"float_flat": [64, 1176]},                      # randn [64, 1176], no batch dim
     "image_grid_thw": {"grid": [1, 16, 16]},                         # int64 [[1, 16, 16]] * batch
+
+A case with `"rope_index": true` also passes Qwen2-VL's M-RoPE `position_ids` `[3, batch, seq]`,
+computed from the real ids by `model.model.compute_3d_position_ids` (the emulated CUDA run cannot
+compute them on fake tensors).
 
 `float_flat` is Qwen2-VL's flattened patches: the shape as given, the batch's images already
 concatenated along dim 0 (the caller multiplies by the batch). `grid` repeats one image's
@@ -84,6 +89,10 @@ def _tensors(case, dtype, vocab=None):
             if "image" in spec:
                 img = spec["image"]
                 ids[:, img["at"]:img["at"] + img["count"]] = img["id"]
+                if "start" in img:  # Qwen2-VL's <|vision_start|> before the image tokens
+                    ids[:, img["at"] - 1] = img["start"]
+                if "end" in img:
+                    ids[:, img["at"] + img["count"]] = img["end"]
             kwargs[name] = ids
         elif isinstance(spec, dict) and "same" in spec:
             kwargs[name] = kwargs[spec["same"]]
@@ -132,6 +141,15 @@ def extend(gt):
             model.gradient_checkpointing_enable()
         dtype = getattr(torch, case.get("dtype", "float32"))
         kwargs = _tensors(case, dtype, lambda: _vocab(cfg))
+        if case.get("rope_index"):
+            # Qwen2-VL's M-RoPE position ids, computed here on the real ids as the model would
+            # (`compute_3d_position_ids`) and passed in, so that the emulated CUDA run need not
+            # build them from fake tensors (its `torch.tensor` of per-sample deltas cannot)
+            with torch.no_grad():
+                kwargs["position_ids"] = model.model.compute_3d_position_ids(
+                    input_ids=kwargs["input_ids"], inputs_embeds=None,
+                    image_grid_thw=kwargs.get("image_grid_thw"),
+                    mm_token_type_ids=kwargs.get("mm_token_type_ids"))
         if case.get("mode", "train") == "infer":
             for k in ("labels", "return_loss"):
                 kwargs.pop(k, None)

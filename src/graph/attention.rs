@@ -54,6 +54,9 @@ pub struct AttentionCfg {
     pub out_bias: bool,
     /// One fused QKV projection (GPT-2's `c_attn`, ViT's `in_proj`).
     pub fused_qkv: bool,
+    /// Per-chunk attention whose outputs are joined with `torch.cat` (Qwen2-VL's vision
+    /// attention): merging the heads is always a copy.
+    pub chunked: bool,
     /// Rotary embedding applied to Q and K.
     pub rotary: bool,
     /// Dropout on the attention probabilities (training only).
@@ -103,6 +106,7 @@ impl AttentionCfg {
         let bias = r.or(key!(s.bias), true);
         let out_bias = r.or(key!(s.out_bias), bias);
         let fused_qkv = r.or(key!(s.fused_qkv), false);
+        let chunked = r.or(key!(s.chunked), false);
         let rotary = r.or(key!(s.rotary), false);
         let dropout = r.prob(key!(s.dropout), 0.0);
         let qk_norm = r.or(key!(s.qk_norm), false);
@@ -167,6 +171,7 @@ impl AttentionCfg {
             bias,
             out_bias,
             fused_qkv,
+            chunked,
             rotary,
             dropout,
             qk_norm_style,
@@ -203,6 +208,7 @@ impl AttentionCfg {
             bias,
             out_bias,
             fused_qkv: false,
+            chunked: false,
             rotary: false,
             dropout,
             qk_norm_style: RmsStyle::Llama,

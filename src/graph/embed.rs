@@ -106,6 +106,10 @@ pub struct RotaryCfg {
     /// returns them uncast): `apply_rotary_pos_emb` then computes in float32 and casts Q and K
     /// back (`q_embed.to(q_type)`).
     pub tables_f32: bool,
+    /// `[batch, S, head_dim]` tables, one row of positions per sample (Qwen2-VL's M-RoPE
+    /// `position_ids` `[3, batch, S]`; its vision tower's patches of every image in one
+    /// sequence), instead of `[1, S, head_dim]`.
+    pub per_sample: bool,
     /// Q and K are cast to float32 and rotated there against tables in the activation dtype,
     /// then cast back (`upcast`; Cohere's `apply_rotary_pos_emb`: `q = q.float()`, ...,
     /// `q_embed.to(dtype=dtype)`).
@@ -124,6 +128,7 @@ impl RotaryCfg {
             head_dim: r.pos(key!(s.head_dim)),
             concat: r.or(key!(s.concat), false),
             tables_f32: r.or(key!(s.tables_f32), false),
+            per_sample: r.or(key!(s.per_sample), false),
             upcast: r.or(key!(s.upcast), false),
             local: r.or(key!(s.local), false),
         };

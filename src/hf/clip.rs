@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::Resolved;
 use super::config::{Cfg, ClipTowerConfig, prob};
 use super::layers::{
-    activation, add, embedding, layer, layernorm, linear, push, repeat, with_inputs,
+    activation, add, embedding, layer, layernorm, linear, push, quick_gelu, repeat,
 };
 use crate::error::Error;
 use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes};
@@ -307,19 +307,7 @@ pub(super) fn build(
     push(&mut body, layernorm("layer_norm2"));
     let fc1 = push(&mut body, linear("mlp.fc1", inter, true));
     if act == "quick_gelu" {
-        // QuickGELUActivation: `input * torch.sigmoid(1.702 * input)`.
-        push(
-            &mut body,
-            LayerSpec {
-                factor: Some(1.702),
-                ..layer(K::Scale, "mlp.activation_fn.scale")
-            },
-        );
-        let sig = push(&mut body, layer(K::Sigmoid, "mlp.activation_fn.sigmoid"));
-        push(
-            &mut body,
-            with_inputs(layer(K::Mul, "mlp.activation_fn"), &[&fc1, &sig]),
-        );
+        quick_gelu(&mut body, "mlp.activation_fn", &fc1);
     } else {
         push(
             &mut body,

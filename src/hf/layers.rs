@@ -115,6 +115,21 @@ pub(super) fn push_dropout(out: &mut Vec<LayerSpec>, name: &str, p: f64, prev: S
     }
 }
 
+/// transformers' `QuickGELUActivation` (`quick_gelu`: CLIP, Qwen2-VL's vision MLP) after the
+/// layer `x`: `x * torch.sigmoid(1.702 * x)`, as `scale`, `sigmoid` and `mul`; returns the
+/// name of the last.
+pub(super) fn quick_gelu(out: &mut Vec<LayerSpec>, name: &str, x: &str) -> String {
+    push(
+        out,
+        LayerSpec {
+            factor: Some(1.702),
+            ..layer(K::Scale, &format!("{name}.scale"))
+        },
+    );
+    let sig = push(out, layer(K::Sigmoid, &format!("{name}.sigmoid")));
+    push(out, with_inputs(layer(K::Mul, name), &[x, &sig]))
+}
+
 /// transformers' `ACT2FN[name]` as a memest layer.
 pub(super) fn activation(cfg: &Cfg, key: &str, act: &str, name: &str) -> Result<LayerSpec, Error> {
     Ok(match act {

@@ -213,7 +213,7 @@ pub(super) fn llava(
     } else {
         "model.language_model"
     };
-    let (mut lm, max_positions) = super::decoder::decoder_at(&text_cfg, row, head, base)
+    let (lm, max_positions) = super::decoder::decoder_at(&text_cfg, row, head, base)
         .map_err(|e| nested(e, "text_config"))?;
     let text_hidden = cfg.required("text_config.hidden_size", text_hidden)?;
 
@@ -256,25 +256,7 @@ pub(super) fn llava(
         linear(&format!("{proj}.linear_2"), text_hidden, bias),
     );
 
-    // Splice: the embedding, the image path, the merge, then the rest of the language model.
-    let Some(at) = lm.iter().position(|l| l.kind == K::Rotary) else {
-        return Err(cfg.field_err(
-            "text_config.model_type",
-            format!("a `{text_type}` language model without a rotary embedding is not supported for llava"),
-        ));
-    };
-    let embeds = lm[at - 1].name.clone().expect("imported layers are named");
-    let rest = lm.split_off(at);
-    let mut layers = lm;
-    layers.extend(vision_layers);
-    push(
-        &mut layers,
-        with_inputs(
-            layer(K::MaskedScatter, "inputs_embeds.masked_scatter"),
-            &["input", &embeds, &features],
-        ),
-    );
-    layers.extend(rest);
+    let layers = splice(cfg, &text_type, lm, vision_layers, &features)?;
     Ok(Multimodal {
         layers,
         max_positions,
@@ -292,6 +274,45 @@ pub(super) fn llava(
     })
 }
 
+/// The language model's layers `lm` with the image path `vision` and the merge put between its
+/// token embedding and its rotary embedding (`LlavaModel.forward`, `Qwen2VLModel.forward`: the
+/// ids are embedded first, then the image is encoded, then `masked_scatter` writes the image
+/// features `features` into the embeddings, then the language model runs).
+pub(super) fn splice(
+    cfg: &Cfg,
+    text_type: &str,
+    mut lm: Vec<LayerSpec>,
+    vision: Vec<LayerSpec>,
+    features: &str,
+) -> Result<Vec<LayerSpec>, Error> {
+    let Some(at) = lm
+        .iter()
+        .position(|l| l.kind == K::Rotary)
+        .filter(|&at| at > 0)
+    else {
+        return Err(cfg.field_err(
+            "text_config.model_type",
+            format!(
+                "a `{text_type}` language model without a rotary embedding is not supported for {}",
+                cfg.model_type
+            ),
+        ));
+    };
+    let embeds = lm[at - 1].name.clone().expect("imported layers are named");
+    let rest = lm.split_off(at);
+    let mut layers = lm;
+    layers.extend(vision);
+    push(
+        &mut layers,
+        with_inputs(
+            layer(K::MaskedScatter, "inputs_embeds.masked_scatter"),
+            &["input", &embeds, features],
+        ),
+    );
+    layers.extend(rest);
+    Ok(layers)
+}
+
 /// The patch size of a tower's patch convolution (its kernel).
 fn built_patch(layers: &[LayerSpec]) -> u64 {
     layers
@@ -303,7 +324,7 @@ fn built_patch(layers: &[LayerSpec]) -> u64 {
 }
 
 /// An error of a sub-config, its field path under `key`.
-fn nested(e: Error, key: &str) -> Error {
+pub(super) fn nested(e: Error, key: &str) -> Error {
     match e {
         Error::Hf(mut h) => {
             h.field = Some(match h.field {

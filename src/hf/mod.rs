@@ -33,6 +33,7 @@ mod gpt2;
 mod layers;
 mod llava;
 mod ln_decoder;
+mod qwen2_vl;
 mod t5;
 mod vision;
 
@@ -312,6 +313,7 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("siglip_vision_model", "siglipvision", Family::Tower),
     ("siglip_text_model", "sigliptext", Family::Tower),
     ("llava", "llava", Family::Llava),
+    ("qwen2_vl", "qwen2vl", Family::Qwen2Vl),
 ];
 
 /// The `model_type`s memest can import, sorted.
@@ -604,6 +606,11 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
             pixels = Some(m.pixels);
             (m.layers, m.max_positions)
         }
+        Family::Qwen2Vl => {
+            let m = qwen2_vl::qwen2_vl(&cfg, head, asked_image)?;
+            pixels = Some(m.pixels);
+            (m.layers, m.max_positions)
+        }
         Family::Tower => {
             let Some((kind, tower, nested)) = clip::tower_of(&model_type, arch.as_deref()) else {
                 return Err(cfg.err(format!(
@@ -804,6 +811,8 @@ enum Family {
     Tower,
     /// LLaVA: a CLIP vision tower, projector and decoder (`llava.rs`).
     Llava,
+    /// Qwen2-VL: a ViT over flattened patches, patch merger and Qwen2 (`qwen2_vl.rs`).
+    Qwen2Vl,
 }
 
 impl Family {
@@ -861,7 +870,7 @@ fn resolve_head(
         | Family::StableLm
         | Family::Starcoder2 => &["ForCausalLM"],
         Family::Vision(_) | Family::Tower => &[],
-        Family::Llava => &["ForConditionalGeneration"],
+        Family::Llava | Family::Qwen2Vl => &["ForConditionalGeneration"],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)

@@ -159,6 +159,11 @@ pub struct LayerSpec {
     pub causal: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fused_qkv: Option<bool>,
+    /// Attention: the heads are computed per image chunk and the outputs joined with
+    /// `torch.cat` (Qwen2-VL's vision attention), so merging the heads is a copy whatever the
+    /// kernel's output layout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunked: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub out_bias: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -225,6 +230,10 @@ pub struct LayerSpec {
     /// to the activation dtype): Q and K are rotated in float32 and cast back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tables_f32: Option<bool>,
+    /// Rotary: the `cos`/`sin` tables are `[batch, S, head_dim]`, one row of positions per
+    /// sample (Qwen2-VL's M-RoPE and its vision tower), instead of `[1, S, head_dim]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_sample: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local: Option<bool>,
     // scale

@@ -247,7 +247,7 @@ impl Tracer<'_> {
         let free = if torch_mha {
             cv.layout == Layout::SeqFirst
         } else {
-            cv.layout == Layout::HeadsTransposed
+            cv.layout == Layout::HeadsTransposed && !c.chunked
         };
         let merged_shape = Shape::from([b, s, qd]);
         let merged = if free {

@@ -131,6 +131,7 @@ impl Tracer<'_> {
             bias: c.bias,
             out_bias: c.bias,
             fused_qkv: false,
+            chunked: false,
             rotary: true,
             dropout: c.dropout,
             qk_norm_style: RmsStyle::Llama,

@@ -117,6 +117,11 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // = 20_979_712, Vicuna-7B (Llama) with a 32064-token vocabulary 6_607_605_760, untied
     // lm_head 32064·4096 = 131_334_144.
     ("examples/hf/llava-1.5-7b-hf.json", 7_063_427_072),
+    // Qwen/Qwen2-VL-7B-Instruct: ViT of 32 blocks (1280 wide, patch embedding 1280·3·2·14·14
+    // without bias, fused qkv, quick_gelu MLP of 5120), merger (LayerNorm, 5120 → 5120 →
+    // 3584) 675_759_104; Qwen2-7B's layers with a 152064-token vocabulary 7_070_619_136; untied
+    // lm_head 544_997_376.
+    ("examples/hf/qwen2-vl-7b-instruct.json", 8_291_375_616),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -124,7 +129,7 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
 fn params(args: &[&str]) -> u64 {
     let mut all = args.to_vec();
     let text = std::fs::read_to_string(path(args[0])).unwrap_or_default();
-    if !text.contains("\"image_size\"") {
+    if !text.contains("\"image_size\"") && !text.contains("\"vision_config\"") {
         all.extend(["--seq", "64"]);
     }
     u(&report(&all), "param_count")
@@ -1192,4 +1197,30 @@ fn llava_counts_image_tokens_in_the_sequence() {
     assert_eq!(u(&v, "param_count"), 657_024);
     assert_eq!(u(&v, "trainable_param_count"), 657_024 - 33_472 - 128);
     assert_eq!(u(&v, "gradients_bytes"), (657_024 - 33_472 - 128) * 4);
+}
+
+/// Qwen2-VL: `--image` gives the image tokens, `(H / 14) · (W / 14) / 4` for the 7B config
+/// (default 448 × 448: 256); sides that are not multiples of patch_size · spatial_merge_size
+/// are refused with the nearest ones.
+#[test]
+fn qwen2_vl_image_tokens_follow_the_image_size() {
+    let q = "examples/hf/qwen2-vl-7b-instruct.json";
+    let err = fails(&[q, "--seq", "255"]);
+    assert!(
+        err.contains("255 positions, fewer than the image's 256 tokens"),
+        "{err}"
+    );
+    // 336 × 672: 24 · 48 = 1152 patches, 288 tokens.
+    let err = fails(&[q, "--image", "336x672", "--seq", "287"]);
+    assert!(err.contains("fewer than the image's 288 tokens"), "{err}");
+    let v = report(&[q, "--image", "336x672", "--seq", "288"]);
+    assert_eq!(u(&v, "param_count"), 8_291_375_616);
+    // pixel_values [1152, 3 · 2 · 14 · 14] in bfloat16, the ids and labels [288] in int64.
+    assert_eq!(u(&v, "input_bytes"), 1152 * 1176 * 2 + 2 * 288 * 8);
+    let err = fails(&[q, "--image", "500"]);
+    assert!(
+        err.contains("multiples of patch_size · spatial_merge_size = 28")
+            && err.contains("476x476"),
+        "{err}"
+    );
 }

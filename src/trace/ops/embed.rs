@@ -205,13 +205,14 @@ impl Tracer<'_> {
     /// `[1, S, head_dim]` shared by every attention layer after it; passes `x` through.
     pub(super) fn rotary(&mut self, c: &RotaryCfg, x: ValueId) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
-        let (_, seq, _) = self.bsh(&xv)?;
+        let (batch, seq, _) = self.bsh(&xv)?;
         let half = c.head_dim / 2;
         let bdt = self.param_dtype();
         self.buffer(Shape::from([half]), bdt, "inv_freq")?;
         self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
-        // cos and sin, [1, S, head_dim] in the activation dtype, shared by every layer.
-        let table = Shape::from([1, seq, c.head_dim]);
+        // cos and sin, [1, S, head_dim] (per sample: [B, S, head_dim]) in the activation dtype,
+        // shared by every layer.
+        let table = Shape::from([if c.per_sample { batch } else { 1 }, seq, c.head_dim]);
         let dt = if self.s.amp.is_some() || c.tables_f32 {
             DType::Float32
         } else {
