@@ -122,8 +122,12 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 
 /// 100,000 `relu` layers in one flat list, named (`name = "rN"`) or not (each gets a default
 /// name checked against its siblings' names). Target: at most 300 ms, linear in the count.
-/// Measured on the binary (user time, CUDA default): 0.47-0.51 s (was 0.61-0.67 s on CPU before
-/// `set_keys` stopped serializing each layer to JSON); `flat_layers_stage` splits it.
+/// Measured on the binary (user time, CUDA default): 0.32-0.34 s unnamed, 0.38-0.39 s named
+/// (0.45-0.47 s and 0.43-0.46 s before the tracer stopped recording parameters by name for
+/// models without `shares`, interleaved under load ~5; 0.61-0.67 s on CPU before `set_keys`
+/// stopped serializing each layer to JSON), plus ~0.2 s system time for its ~260 MB; this bench
+/// 541 -> 423 ms (median, load ~3). `flat_layers_stage` splits it: parse 119 ms (the TOML
+/// document and 100,000 `LayerSpec`s of ~700 B each), build 60, trace 63, simulate 47, report 13.
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");
