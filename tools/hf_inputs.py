@@ -148,7 +148,8 @@ def extend(gt):
             with torch.no_grad():
                 kwargs["position_ids"] = model.model.compute_3d_position_ids(
                     input_ids=kwargs["input_ids"], inputs_embeds=None,
-                    image_grid_thw=kwargs.get("image_grid_thw"),
+                    image_grid_thw=kwargs.get("image_grid_thw"), video_grid_thw=None,
+                    attention_mask=None, cache=None,
                     mm_token_type_ids=kwargs.get("mm_token_type_ids"))
         if case.get("mode", "train") == "infer":
             for k in ("labels", "return_loss"):

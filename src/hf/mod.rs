@@ -314,6 +314,7 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("siglip_text_model", "sigliptext", Family::Tower),
     ("llava", "llava", Family::Llava),
     ("qwen2_vl", "qwen2vl", Family::Qwen2Vl),
+    ("qwen2_5_vl", "qwen2_5_vl", Family::Qwen2Vl),
 ];
 
 /// The `model_type`s memest can import, sorted.

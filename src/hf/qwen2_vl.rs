@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 
 use super::config::Cfg;
 use super::layers::{
-    activation, add, layer, layernorm, linear, push, quick_gelu, repeat, with_inputs,
+    activation, add, layer, layernorm, linear, push, quick_gelu, repeat, rmsnorm, with_inputs,
 };
 use super::llava::{Multimodal, nested, splice};
 use super::{ImageSize, Resolved};
@@ -50,6 +50,10 @@ struct VisionConfig {
     patch_size: Option<u64>,
     spatial_merge_size: Option<u64>,
     temporal_patch_size: Option<u64>,
+    /// Qwen2.5-VL: the SwiGLU MLP's width.
+    intermediate_size: Option<u64>,
+    /// Qwen2.5-VL: the merger's output width (`hidden_size` is the tower's own there).
+    out_hidden_size: Option<u64>,
 }
 
 /// Builds Qwen2-VL for images of `image` pixels (default [`DEFAULT_IMAGE`] square).
@@ -59,6 +63,14 @@ pub(super) fn qwen2_vl(
     head: Resolved,
     image: Option<ImageSize>,
 ) -> Result<Multimodal, Error> {
+    // Qwen2.5-VL (`Qwen2_5_VisionTransformerPretrainedModel`): RMSNorms, a biased SwiGLU MLP,
+    // `hidden_size` the tower's width and `out_hidden_size` the merger's; its window attention
+    // (blocks outside `fullatt_block_indexes` attend within windows of `window_size` pixels)
+    // keeps what full attention per image keeps under a fused kernel, and the patches' window
+    // order (`permute_input_for_window_attn`, undone after the merger) is two gather copies
+    // that replace the tensors they read; the two `[patches / merge²]` int64 indices their
+    // backward keeps are not counted.
+    let v25 = cfg.model_type == "qwen2_5_vl";
     if head == Resolved::Classification {
         return Err(cfg.err(format!(
             "{} is supported as …ForConditionalGeneration and the bare …Model (pick --head lm or none)",
@@ -86,15 +98,27 @@ pub(super) fn qwen2_vl(
         )
     };
     let depth = cfg.layers("vision_config.depth", Some(v.depth.unwrap_or(32)))?;
-    let embed = size("embed_dim", v.embed_dim, 1280)?;
-    let out_hidden = size("hidden_size", v.hidden_size, 3584)?;
+    let (embed, out_hidden) = if v25 {
+        (
+            size("hidden_size", v.hidden_size, 1280)?,
+            size("out_hidden_size", v.out_hidden_size, 3584)?,
+        )
+    } else {
+        (
+            size("embed_dim", v.embed_dim, 1280)?,
+            size("hidden_size", v.hidden_size, 3584)?,
+        )
+    };
     let heads = size("num_heads", v.num_heads, 16)?;
     let ratio = size("mlp_ratio", v.mlp_ratio, 4)?;
     let channels = size("in_channels", v.in_channels.or(v.in_chans), 3)?;
     let patch = size("patch_size", v.patch_size, 14)?;
     let merge = size("spatial_merge_size", v.spatial_merge_size, 2)?;
     let temporal = size("temporal_patch_size", v.temporal_patch_size, 2)?;
-    let act = v.hidden_act.as_deref().unwrap_or("quick_gelu");
+    let act = v
+        .hidden_act
+        .as_deref()
+        .unwrap_or(if v25 { "silu" } else { "quick_gelu" });
     let overflow = || Error::Overflow("the vision tower's sizes".into());
     let unit = patch.checked_mul(merge).ok_or_else(overflow)?;
     let img = image.unwrap_or(ImageSize {
@@ -120,7 +144,11 @@ pub(super) fn qwen2_vl(
         .and_then(|n| n.checked_mul(patch))
         .ok_or_else(overflow)?;
     let merged = embed.checked_mul(merge * merge).ok_or_else(overflow)?;
-    let inter = embed.checked_mul(ratio).ok_or_else(overflow)?;
+    let inter = if v25 {
+        size("intermediate_size", v.intermediate_size, 3420)?
+    } else {
+        embed.checked_mul(ratio).ok_or_else(overflow)?
+    };
     if embed % heads != 0 {
         return Err(cfg.field_err(
             "vision_config.num_heads",
@@ -194,8 +222,11 @@ pub(super) fn qwen2_vl(
             ..layer(K::Rotary, &p("rotary_pos_emb"))
         },
     );
+    let norm = |name: &str| {
+        if v25 { rmsnorm(name) } else { layernorm(name) }
+    };
     let mut body = Vec::new();
-    push(&mut body, layernorm("norm1"));
+    push(&mut body, norm("norm1"));
     let attn = push(
         &mut body,
         LayerSpec {
@@ -208,20 +239,38 @@ pub(super) fn qwen2_vl(
         },
     );
     let res = push(&mut body, add("residual1", "input", &attn));
-    push(&mut body, layernorm("norm2"));
-    let fc1 = push(&mut body, linear("mlp.fc1", inter, true));
-    if act == "quick_gelu" {
-        quick_gelu(&mut body, "mlp.act", &fc1);
-    } else {
+    let n2 = push(&mut body, norm("norm2"));
+    let mlp = if v25 {
+        // Qwen2_5_VLMLP: `down_proj(act(gate_proj(x)) * up_proj(x))`, every projection biased.
+        push(&mut body, linear("mlp.gate_proj", inter, true));
+        let a = push(
+            &mut body,
+            activation(cfg, "vision_config.hidden_act", act, "mlp.act_fn")?,
+        );
+        let up = push(
+            &mut body,
+            with_inputs(linear("mlp.up_proj", inter, true), &[&n2]),
+        );
         push(
             &mut body,
-            activation(cfg, "vision_config.hidden_act", act, "mlp.act")?,
+            with_inputs(layer(K::Mul, "mlp.gate_mul_up"), &[&a, &up]),
         );
-    }
-    let mlp = push(&mut body, linear("mlp.fc2", embed, true));
+        push(&mut body, linear("mlp.down_proj", embed, true))
+    } else {
+        let fc1 = push(&mut body, linear("mlp.fc1", inter, true));
+        if act == "quick_gelu" {
+            quick_gelu(&mut body, "mlp.act", &fc1);
+        } else {
+            push(
+                &mut body,
+                activation(cfg, "vision_config.hidden_act", act, "mlp.act")?,
+            );
+        }
+        push(&mut body, linear("mlp.fc2", embed, true))
+    };
     push(&mut body, add("residual2", &res, &mlp));
     push(&mut out, repeat(&p("blocks"), "depth", depth, body));
-    push(&mut out, layernorm(&p("merger.ln_q")));
+    push(&mut out, norm(&p("merger.ln_q")));
     push(
         &mut out,
         LayerSpec {

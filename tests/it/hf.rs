@@ -122,6 +122,9 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // 3584) 675_759_104; Qwen2-7B's layers with a 152064-token vocabulary 7_070_619_136; untied
     // lm_head 544_997_376.
     ("examples/hf/qwen2-vl-7b-instruct.json", 8_291_375_616),
+    // Qwen/Qwen2.5-VL-7B-Instruct: RMSNorms and a biased SwiGLU MLP of 3420 in the 32 vision
+    // blocks, merger 5120 → 5120 → 3584 (676_550_144 in all); the same language model and head.
+    ("examples/hf/qwen2.5-vl-7b-instruct.json", 8_292_166_656),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config

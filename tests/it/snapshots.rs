@@ -168,6 +168,7 @@ mod example {
         hf_stable_diffusion_xl_base_1_0_unet => "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
         hf_llava_1_5_7b_hf => "examples/hf/llava-1.5-7b-hf.json",
         hf_qwen2_vl_7b_instruct => "examples/hf/qwen2-vl-7b-instruct.json",
+        hf_qwen2_5_vl_7b_instruct => "examples/hf/qwen2.5-vl-7b-instruct.json",
     }
 }
 
