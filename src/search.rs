@@ -221,7 +221,7 @@ pub fn splits(spec: &ModelSpec) -> crate::parallel::auto::Splits {
 ///
 /// At each tensor- and pipeline-parallel degree the model allows, powers of two
 /// ([`crate::parallel::auto::degrees`]; only the flags' own when they give `--tp` or `--pp`),
-/// in order of `tp · pp`, [`fewest_ranks`] finds the fewest data-parallel ranks; the answer is
+/// in order of `tp · pp`, `fewest_ranks` finds the fewest data-parallel ranks; the answer is
 /// the fewest GPUs over all of them (the smaller per-GPU figure on a tie), and a degree whose
 /// model-parallel GPUs alone are more than the best so far is not tried. A
 /// degree the model or the plan refuses (a setting error) is passed over, except the flags'
