@@ -386,7 +386,8 @@ fn fewest_ranks(
 /// each estimated as [`crate::run`] would, sorted by the figure the budget checks, then by
 /// host memory. A model-parallel candidate the model refuses (a setting error: a sequence
 /// that sequence parallelism cannot divide, expert parallelism that the data-parallel ranks
-/// left do not divide) is left out; the data-parallel ones are not.
+/// left do not divide) is left out, as is any candidate the optimizer cannot run under
+/// (Adafactor on FSDP2's DTensors); other errors of the data-parallel ones are not.
 ///
 /// # Errors
 /// As [`crate::run`]; [`crate::Error::Setting`] without `--gpus`.
@@ -424,6 +425,11 @@ pub fn run_plans(
             Ok(Some(x)) => x,
             Ok(None) => continue,
             Err(crate::Error::Setting(_)) if model_parallel => continue,
+            // An engine the optimizer cannot run under (Adafactor on FSDP2's DTensors).
+            Err(crate::Error::Setting(crate::error::SettingError {
+                key: crate::error::SettingKey::Optimizer,
+                ..
+            })) => continue,
             Err(e) => return Err(e),
         };
         let (checked, fits) = r

@@ -63,7 +63,9 @@ Per rank it records, in bytes:
 
 Usage: measure_dist.py CASES.json OUT.json [ID ...]
 A case is measure.py's (model, config_class, config, batch, seq, dtype, amp, optimizer, attn,
-checkpointing, mode) plus
+checkpointing, mode; also "model": "convnet" with "config": {"channels": [..], "kernel": k,
+"size": s}: Conv2d layers with ReLU between, on [batch, channels[0], s, s], loss out.sum();
+optimizers sgd, sgd_momentum, adam, adamw, adafactor) plus
   "world_size": int,
   "parallel": {"kind": "none"}                      (single process, world_size 1)
             | {"kind": "ddp", "gradient_as_bucket_view": bool, "bucket_cap_mb": float,
@@ -141,6 +143,20 @@ def build(case):
         model = nn.Sequential(*layers)
         x = torch.randn(batch, dims[0])
         return model, (lambda: ((x,), {})), (lambda out: out.sum())
+    if name == "convnet":
+        # Conv2d layers (kernel k, no padding) with ReLU between them: every weight 4-D, the
+        # biases vectors (Adafactor's factored state on 4-D DTensor shards; see dist_cases.json).
+        chans = case["config"]["channels"]
+        k = case["config"]["kernel"]
+        size = case["config"]["size"]
+        layers = []
+        for i in range(len(chans) - 1):
+            layers.append(nn.Conv2d(chans[i], chans[i + 1], k))
+            if i < len(chans) - 2:
+                layers.append(nn.ReLU())
+        model = nn.Sequential(*layers)
+        x = torch.randn(batch, chans[0], size, size)
+        return model, (lambda: ((x,), {})), (lambda out: out.sum())
     if name.startswith("hf:"):
         import transformers
 
@@ -189,6 +205,8 @@ def make_optimizer(case, params):
         return torch.optim.Adam(params, lr=1e-4, foreach=True)
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    if kind == "adafactor":
+        return torch.optim.Adafactor(params, foreach=True)
     raise ValueError(f"unknown optimizer {kind}")
 
 

@@ -529,6 +529,7 @@ fn simulate_inner(
         .map(|g| (settings.recipe.weights, g));
     if let Some(p) = settings.parallel.as_ref().filter(|_| training) {
         parallel::check_experts(tape, p)?;
+        parallel::check_optimizer(tape, settings, p)?;
     }
     // Several GPUs: the rank with the largest peak, when ranks differ.
     let dist = settings.parallel.as_ref().filter(|_| training).map(|p| {

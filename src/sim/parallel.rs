@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use crate::cost::{OptimizerPlan, TensorInfo};
 use crate::dtype::DType;
-use crate::parallel::{FsdpStrategy, Plan, Sharding, shard};
+use crate::parallel::{FsdpStrategy, Plan, Sharding, TpStyle, shard};
 use crate::settings::Settings;
 use crate::trace::{AtenOp, StorageId, Tape, ValueId};
 
@@ -297,6 +297,68 @@ pub(super) fn check_experts(tape: &Tape, plan: &Plan) -> Result<(), crate::Error
     Ok(())
 }
 
+/// Whether `plan` makes parameters DTensors that PyTorch's `torch.optim.Adafactor` then sees:
+/// FSDP2's `fully_shard` (any strategy but `no-shard`, which memest runs as DDP: a one-GPU
+/// `hybrid-shard` group is still a 2-D mesh of DTensors) and DTensor tensor parallelism.
+fn dtensor_params(plan: &Plan) -> (bool, bool) {
+    let fsdp = matches!(plan.sharding, Sharding::Fsdp(f) if f.strategy != FsdpStrategy::NoShard);
+    let tp = plan.tp > 1 && plan.tensor.style == TpStyle::Dtensor;
+    (fsdp, tp)
+}
+
+/// Checks the optimizer against the DTensor parameters `plan` makes. PyTorch 2.15's
+/// `torch.optim.Adafactor` cannot step a sharded 2-D DTensor: the factored second moment
+/// reduces the gradient along both of its last two dimensions (`torch.norm(grad, dim=-1)`,
+/// `dim=-2`; `torch/optim/_adafactor.py`), and along a sharded dimension the result is a
+/// `_NormPartial` DTensor that the next in-place `square_`/`pow_` (for-loop) or
+/// `_foreach_mul_` (foreach) cannot keep: "in-place operations that require placement changes
+/// are not supported" (`torch/distributed/tensor/_dispatch.py`). FSDP2 shards every
+/// parameter on dimension 0 (`Shard(0)`), so every 2-D parameter fails (also on a one-GPU
+/// shard group); tensor parallelism shards a column-parallel weight on dimension 0, a
+/// row-parallel weight and the vocab-parallel embedding on 1 and 0. Measured with gloo, two
+/// CPU ranks: `nn.Linear` weights under `fully_shard`, `fully_shard` on a `(2, 1)` mesh, and
+/// `ColwiseParallel`/`RowwiseParallel`, foreach and for-loop, all raise; vectors and a
+/// `[4, 8, 3]` parameter under `fully_shard` step.
+///
+/// # Errors
+/// [`crate::Error::Setting`] ([`crate::error::SettingKey::Optimizer`]) naming the parameter's
+/// layer and the plan.
+pub(super) fn check_optimizer(
+    tape: &Tape,
+    settings: &Settings,
+    plan: &Plan,
+) -> Result<(), crate::Error> {
+    if settings.optimizer != Some(crate::cost::Optimizer::Adafactor) {
+        return Ok(());
+    }
+    let (fsdp, tp) = dtensor_params(plan);
+    let failing = tape.params.iter().find(|p| {
+        p.trainable && p.shape.rank() == 2 && (fsdp || (tp && tape.tp_split.contains(&p.value)))
+    });
+    let Some(p) = failing else {
+        return Ok(());
+    };
+    let layer = &tape.layers[tape.storages[tape.values[p.value].storage].layer];
+    let (how, instead) = if fsdp {
+        (
+            "FSDP2 shards them on dimension 0",
+            "use --ddp, --fsdp no-shard or DeepSpeed --zero, whose optimizer sees plain or flat tensors",
+        )
+    } else {
+        (
+            "tensor parallelism shards them",
+            "use --tp-style megatron, whose ranks hold plain tensors",
+        )
+    };
+    Err(crate::Error::setting(
+        crate::error::SettingKey::Optimizer,
+        format!(
+            "adafactor cannot step the 2-D parameters of `{}` as DTensors ({how}): PyTorch's factored second moment reduces along the sharded dimension and raises; {instead}",
+            layer.name
+        ),
+    ))
+}
+
 impl Dist {
     /// The ranks whose figures can differ under `plan`: DeepSpeed ZeRO-1/2's first and last
     /// (the parameters that overlap a partition differ); rank 0 alone otherwise.
@@ -485,12 +547,26 @@ impl Dist {
             };
             dist.resident.insert(v.storage, bytes);
         }
+        // Adafactor's factored state of a DTensor of rank 3 or more under FSDP2: `row_var`
+        // and `col_var` are `grad.new_zeros(shape)` of a shape other than the gradient's, to
+        // which DTensor's `new_factory_single_dim_strategy` gives a `Replicate` placement
+        // (`torch/distributed/tensor/_ops/_tensor_ops.py`): the whole factored state on every
+        // rank, as on one GPU, and its `var_estimate` (`row_var @ col_var`) whole too.
+        // Measured with gloo on two CPU ranks, a `[4, 8, 3]` parameter under `fully_shard`:
+        // `row_var` `[4, 8, 1]` and `col_var` `[4, 1, 3]` whole on each rank, its vector's
+        // `variance` the rank's shard. (A 2-D one cannot step: `check_optimizer`.)
+        let whole_factored = |t: &Trainable| {
+            settings.optimizer == Some(crate::cost::Optimizer::Adafactor)
+                && matches!(plan.sharding, Sharding::Fsdp(_))
+                && t.shape.len() >= 3
+        };
         // The optimizer's view of this rank's parameters.
         let shapes: Vec<Vec<u64>> = trainable
             .iter()
             .map(|t| {
                 let n = part(t, split.optimizer);
                 match plan.sharding {
+                    _ if whole_factored(t) => t.shape.clone(),
                     Sharding::Fsdp(_) if split.optimizer > 1 => {
                         let ranks = if t.expert {
                             (split.optimizer / ep).max(1)
@@ -546,7 +622,11 @@ impl Dist {
             }
             _ => {
                 let infos = trainable.iter().zip(&shapes).map(|(t, s)| {
-                    let n = part(t, split.optimizer);
+                    let n = if whole_factored(t) {
+                        t.numel
+                    } else {
+                        part(t, split.optimizer)
+                    };
                     (
                         t.value,
                         TensorInfo {

@@ -178,6 +178,7 @@ pub(super) fn stage_tape(tape: &Tape, range: &StageRange) -> StageTape {
             .filter(|s| made.contains(s))
             .collect(),
         grad_shapes: tape.grad_shapes.clone(),
+        tp_split: tape.tp_split.clone(),
         segments,
         blocks,
         input_shape: tape.input_shape.clone(),

@@ -257,6 +257,12 @@ pub struct Tape {
     /// with the gradient's shape (DTensor's vocab-parallel embedding gets a whole, replicated
     /// weight gradient: see [`crate::parallel::TpStyle::Dtensor`]).
     pub grad_shapes: std::collections::HashMap<ValueId, Shape>,
+    /// Tensor parallelism: the parameters of the layers split across the ranks (the
+    /// vocab-parallel embedding, the LM head, column- and row-parallel linears, attention
+    /// projections). Under `--tp-style dtensor` they are DTensors: `Shard` placements, but
+    /// `Replicate` for a row-parallel linear's bias, which is whole. The other parameters are
+    /// plain tensors, whole on every rank.
+    pub tp_split: std::collections::HashSet<ValueId>,
 }
 
 /// Where the copies of a repeated block are on the tape: copy `k` is the steps

@@ -104,6 +104,14 @@ impl Tracer<'_> {
         }
     }
 
+    /// Records the parameters made since the `first`-th as split across the tensor-parallel
+    /// ranks ([`Tape::tp_split`]).
+    fn mark_split(&mut self, first: usize) {
+        let made = self.tape.params.get(first..).unwrap_or_default();
+        let values: Vec<ValueId> = made.iter().map(|p| p.value).collect();
+        self.tape.tp_split.extend(values);
+    }
+
     fn mark(&mut self, v: ValueId, lay: Lay) {
         if let Some(tp) = &mut self.tp {
             match lay {
@@ -278,7 +286,9 @@ impl Tracer<'_> {
                 if let Some(tp) = &mut self.tp {
                     tp.vocab.get_or_insert(c.num_embeddings);
                 }
+                let first = self.tape.params.len();
                 let y = self.embedding(&local, &layer.name, x, train)?;
+                self.mark_split(first);
                 if style == TpStyle::Dtensor
                     && let Some(&w) = self.embeddings.get(&layer.name)
                 {
@@ -307,7 +317,9 @@ impl Tracer<'_> {
                     out_features: c.out_features.div_ceil(t),
                     ..c.clone()
                 };
+                let first = self.tape.params.len();
                 let y = self.linear_layer(&local, &layer.name, xw, train)?;
+                self.mark_split(first);
                 self.save_sharded(from, xw, x);
                 if style == TpStyle::Megatron {
                     self.mark(y, Lay::Col);
@@ -342,7 +354,9 @@ impl Tracer<'_> {
                         in_features: None,
                         ..c.clone()
                     };
+                    let first = self.tape.params.len();
                     let y = self.linear_layer(&local, &layer.name, x, train)?;
+                    self.mark_split(first);
                     return self.tp_reduce(y);
                 }
                 if !c.out_features.is_multiple_of(t) || c.tie.is_some() {
@@ -355,7 +369,9 @@ impl Tracer<'_> {
                     out_features: c.out_features / t,
                     ..c.clone()
                 };
+                let first = self.tape.params.len();
                 let y = self.linear_layer(&local, &layer.name, xw, train)?;
+                self.mark_split(first);
                 self.save_sharded(from, xw, x);
                 self.mark(y, Lay::Col);
                 Ok(y)
@@ -391,7 +407,11 @@ impl Tracer<'_> {
                     ..*c
                 };
                 let from = self.tape.steps.len();
+                let first = self.tape.params.len();
                 let y = self.attention(xw, xw, &local, train)?;
+                if split {
+                    self.mark_split(first);
+                }
                 self.save_sharded(from, xw, x);
                 if cp > 1 {
                     // Ring attention: the key and value chunks received while the current

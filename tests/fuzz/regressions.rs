@@ -290,7 +290,9 @@ fn sharded_parameters_with_accumulation_estimate() {
 /// counters); the 156 B was every parameter's state as for a flat vector (24 + 3 + 6 + 2
 /// floats and the counters): `Dist` gave the optimizer flat shapes whenever the plan was not
 /// FSDP-sharded. A plan that does not split the optimizer now hands it each parameter's own
-/// (tensor-parallel) shape.
+/// (tensor-parallel) shape. (A one-GPU `hybrid-shard` group and DTensor `--tp` make their
+/// parameters DTensors, on whose 2-D shards PyTorch's Adafactor raises: memest has refused
+/// those since, `sim::parallel::check_optimizer`.)
 #[test]
 fn unsplit_plans_keep_adafactor_factored() {
     let case = corpus("fsdp_no_shard_adafactor_state.toml");

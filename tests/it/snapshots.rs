@@ -354,6 +354,7 @@ mod error {
         context_with_mode => ["examples/hf/llama_tiny.json", "--context", "16", "--mode", "train"],
         lora_targets_without_rank => ["examples/mlp.toml", "--lora-targets", "q"],
         unknown_flag => ["examples/mlp.toml", "--bach", "4"],
+        adafactor_on_fsdp2_shards => ["examples/mlp.toml", "--optim", "adafactor", "--gpus", "2", "--fsdp", "full-shard"],
     }
 
     use super::{check_stdin, check_temp};
