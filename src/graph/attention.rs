@@ -91,6 +91,13 @@ pub struct AttentionCfg {
     /// `[B, heads, S, S_kv]`. SDPA has no such option (transformers runs Gemma 2 eagerly); the
     /// fused path ignores it.
     pub softcap: Option<f64>,
+    /// A learned sink logit per head (`sinks`, a `[heads]` parameter; GPT-OSS's
+    /// `GptOssAttention.sinks`): the eager path joins it to the masked scores as one more
+    /// column (`torch.cat`, `[B, heads, S, S_kv + 1]`), subtracts the row maximum (`max.dim`
+    /// keeps its int64 indices), takes the softmax in the scores' dtype (keeping its output)
+    /// and drops the sink column (a view the second `bmm` keeps). SDPA has no such option
+    /// (transformers runs GPT-OSS eagerly); the fused path ignores the sink column.
+    pub sinks: bool,
 }
 
 impl AttentionCfg {
@@ -118,6 +125,7 @@ impl AttentionCfg {
         let bool_mask = r.or(key!(s.bool_mask), false);
         let expand_kv = r.or(key!(s.expand_kv), false);
         let softcap: Option<f64> = r.opt(key!(s.softcap));
+        let sinks = r.or(key!(s.sinks), false);
         r.finish()?;
         if let Some(cap) = softcap
             && !(cap.is_finite() && cap > 0.0)
@@ -182,6 +190,7 @@ impl AttentionCfg {
             bool_mask,
             expand_kv,
             softcap,
+            sinks,
         })
     }
 
@@ -219,6 +228,7 @@ impl AttentionCfg {
             bool_mask: false,
             expand_kv: false,
             softcap: None,
+            sinks: false,
         })
     }
 }
@@ -228,8 +238,9 @@ impl AttentionCfg {
 /// SiLU-gated experts of width `intermediate_size`, weighted and scattered back; with a shared
 /// expert (Qwen-MoE) of width `shared_intermediate_size` on every token, optionally gated.
 /// Params: `experts·H + experts·3·H·I (+ 3·H·I_shared + H)`. Routing is assumed balanced: each
-/// expert sees `B·S·top_k/experts` tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// expert sees `B·S·top_k/experts` tokens. GPT-OSS's MLP (`GptOssMLP`) is the `gpt_oss` router,
+/// `expert_bias` and `swiglu_limit`: params `experts·(H + 1) + experts·(3·H·I + 2·I + H)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeCfg {
     /// Experts.
     pub experts: u64,
@@ -249,6 +260,16 @@ pub struct MoeCfg {
     pub groups: u64,
     /// Groups kept per token (`topk_groups`, default `groups`).
     pub topk_groups: u64,
+    /// The experts have biases (`expert_bias`): `gate_up_proj_bias` `[experts, 2·I]` and
+    /// `down_proj_bias` `[experts, H]`, each gathered per routed row (`bias[sorted expert
+    /// ids]`, an `index` that keeps the int64 ids) and added in place to the grouped product
+    /// (`integrations/moe.py` `_grouped_linear`).
+    pub expert_bias: bool,
+    /// GPT-OSS's clamped SwiGLU (`swiglu_limit`; `GptOssExperts._apply_gate`): gate and up are
+    /// the interleaved columns of the grouped product (`[..., ::2]`, `[..., 1::2]`), `gate`
+    /// clamped above and `up` on both sides at the limit (each `clamp` keeps the product),
+    /// then `gate·sigmoid(alpha·gate)·(up + 1)`; `None`: SiLU-gated (`chunk`).
+    pub swiglu_limit: Option<f64>,
 }
 
 impl MoeCfg {
@@ -264,6 +285,8 @@ impl MoeCfg {
             router: r.or(key!(s.router), Router::Softmax),
             groups: r.pos_or(key!(s.groups), 1),
             topk_groups: 0,
+            expert_bias: r.or(key!(s.expert_bias), false),
+            swiglu_limit: r.opt(key!(s.swiglu_limit)),
         };
         let cfg = MoeCfg {
             topk_groups: r.pos_or(key!(s.topk_groups), cfg.groups),
@@ -276,7 +299,14 @@ impl MoeCfg {
                 cfg.groups, cfg.experts, cfg.topk_groups
             ));
         }
-        if cfg.groups > 1 && cfg.router == Router::Softmax {
+        if let Some(limit) = cfg.swiglu_limit
+            && !(limit.is_finite() && limit > 0.0)
+        {
+            return Err(format!(
+                "`swiglu_limit` must be a positive number, got {limit}"
+            ));
+        }
+        if cfg.groups > 1 && matches!(cfg.router, Router::Softmax | Router::GptOss) {
             return Err(
                 "`groups` needs a group-limited `router` (\"deepseek_v2\" or \"deepseek_v3\")"
                     .into(),

@@ -119,6 +119,10 @@ pub struct RotaryCfg {
     /// attention layers with a `sliding_window` use; the others use the last table without
     /// this key.
     pub local: bool,
+    /// `cos`/`sin` are `head_dim/2` wide (`half_tables`; GPT-OSS's `GptOssRotaryEmbedding`
+    /// returns the frequencies uncatted) and `_apply_rotary_emb` rotates the two halves of each
+    /// head against them (`x1·cos - x2·sin`, `x2·cos + x1·sin`), joined with `torch.cat`.
+    pub half_tables: bool,
 }
 
 impl RotaryCfg {
@@ -131,6 +135,7 @@ impl RotaryCfg {
             per_sample: r.or(key!(s.per_sample), false),
             upcast: r.or(key!(s.upcast), false),
             local: r.or(key!(s.local), false),
+            half_tables: r.or(key!(s.half_tables), false),
         };
         r.finish()?;
         if !cfg.head_dim.is_multiple_of(2) {

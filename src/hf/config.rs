@@ -57,8 +57,10 @@ pub(super) struct DecoderConfig {
     /// Gemma 3: every `sliding_window_pattern`-th layer attends globally, the others through
     /// the window (when `layer_types` is absent).
     pub sliding_window_pattern: Option<u64>,
-    /// Mixtral's experts.
+    /// Mixtral's and GPT-OSS's experts.
     pub num_local_experts: Option<u64>,
+    /// GPT-OSS: the clamp of its experts' SwiGLU (default 7.0).
+    pub swiglu_limit: Option<f64>,
     /// Qwen2-MoE's experts.
     pub num_experts: Option<u64>,
     pub num_experts_per_tok: Option<u64>,

@@ -85,6 +85,12 @@ pub(super) struct DecoderFamily {
     /// Gemma 3: a second rotary table (`rope_local_base_freq`) for the sliding-window layers;
     /// `Gemma3TextModel.forward` computes one `cos`/`sin` pair per layer type present.
     pub rotary_local: bool,
+    /// GPT-OSS: a learned sink logit per head joins the eager attention scores
+    /// (`GptOssAttention.sinks`), and the softmax runs in the scores' dtype.
+    pub sinks: bool,
+    /// GPT-OSS: `head_dim/2`-wide rotary tables, each half of a head rotated against them and
+    /// the halves joined with `torch.cat` (`_apply_rotary_emb`).
+    pub rotary_halves: bool,
 }
 
 /// The soft-capping defaults of a family's config class: `(attn_logit_softcapping,
@@ -115,6 +121,8 @@ pub(super) enum Bias {
     QkvFromKey,
     /// On all four as `attention_bias` says (default false).
     AllFromKey,
+    /// On all four as `attention_bias` says, default true (`GptOssConfig`).
+    AllFromKeyOn,
 }
 
 /// Which transformers RMSNorm the family's norms are (memest's `rmsnorm` `style`).
@@ -196,6 +204,9 @@ pub(super) enum Sliding {
     /// The layers `layer_types` marks, else every other one from layer 0 (`Gemma2Config`),
     /// with `sliding_window` (default 4096).
     Gemma2,
+    /// As Gemma 2 (`GptOssConfig.__post_init__`: layer `i` slides when `(i + 1) % 2`), with
+    /// `sliding_window` default 128.
+    GptOss,
     /// The layers `layer_types` marks, else all but every `sliding_window_pattern`-th (default
     /// 6: layer `i` slides when `(i + 1) % 6 != 0`, `Gemma3TextConfig.__post_init__`), with
     /// `sliding_window` (default 4096).
@@ -226,6 +237,10 @@ pub(super) enum Moe {
         /// V3's router (else V2's).
         v3: bool,
     },
+    /// Every layer (`GptOssMLP`): `num_local_experts` of `intermediate_size` with biases, top
+    /// `num_experts_per_tok` of the biased router logits, softmax over those, the clamped
+    /// SwiGLU (`swiglu_limit`, default 7).
+    GptOss,
 }
 
 /// `max_window_layers` when the config leaves it out (Qwen2 and Qwen2-MoE config classes).
@@ -253,6 +268,8 @@ enum Mlp {
         router: Router,
         groups: u64,
         topk_groups: u64,
+        expert_bias: bool,
+        swiglu_limit: Option<f64>,
     },
 }
 
@@ -278,8 +295,13 @@ fn sliding_at(row: &DecoderFamily, c: &DecoderConfig, i: u64) -> Option<u64> {
     match row.sliding {
         Sliding::None => None,
         Sliding::Always => window,
-        Sliding::Gemma2 => {
-            let w = c.sliding_window.unwrap_or(4096);
+        Sliding::Gemma2 | Sliding::GptOss => {
+            let default = if matches!(row.sliding, Sliding::GptOss) {
+                128
+            } else {
+                4096
+            };
+            let w = c.sliding_window.unwrap_or(default);
             (w > 0 && marked(i).unwrap_or(i.is_multiple_of(2))).then_some(w)
         }
         Sliding::Gemma3 => {
@@ -318,6 +340,22 @@ fn mlps(
             router: Router::Softmax,
             groups: 1,
             topk_groups: 1,
+            expert_bias: false,
+            swiglu_limit: None,
+        }),
+        // GptOssConfig's defaults: 128 experts, top 4, width 2880, limit 7.0.
+        Moe::GptOss => Some(Mlp::Moe {
+            experts: c.num_local_experts.unwrap_or(128),
+            top_k: c.num_experts_per_tok.unwrap_or(4),
+            intermediate: c.intermediate_size.unwrap_or(2880),
+            shared: 0,
+            shared_gate: false,
+            normalize: false,
+            router: Router::GptOss,
+            groups: 1,
+            topk_groups: 1,
+            expert_bias: true,
+            swiglu_limit: Some(c.swiglu_limit.unwrap_or(7.0)),
         }),
         Moe::Qwen3 => {
             let experts = c.num_experts.unwrap_or(QWEN3_MOE_EXPERTS);
@@ -332,6 +370,8 @@ fn mlps(
                     router: Router::Softmax,
                     groups: 1,
                     topk_groups: 1,
+                    expert_bias: false,
+                    swiglu_limit: None,
                 })
             } else {
                 None
@@ -350,6 +390,8 @@ fn mlps(
                     router: Router::Softmax,
                     groups: 1,
                     topk_groups: 1,
+                    expert_bias: false,
+                    swiglu_limit: None,
                 })
             } else {
                 None
@@ -394,6 +436,8 @@ fn mlps(
                 },
                 groups,
                 topk_groups,
+                expert_bias: false,
+                swiglu_limit: None,
             })
         }
         _ => moe,
@@ -411,7 +455,7 @@ fn mlps(
         .map(|i| match &moe {
             Some(m) if matches!(row.moe, Moe::Deepseek { .. }) && i >= first_dense => Ok(m.clone()),
             Some(m)
-                if matches!(row.moe, Moe::Mixtral)
+                if matches!(row.moe, Moe::Mixtral | Moe::GptOss)
                     || (!matches!(row.moe, Moe::Deepseek { .. })
                         && !mlp_only.contains(&i)
                         && sparse_step > 0
@@ -473,6 +517,10 @@ pub(super) fn decoder_at(
         Bias::QkvFromKey => (c.qkv_bias.unwrap_or(true), false),
         Bias::AllFromKey => {
             let b = c.attention_bias.unwrap_or(false);
+            (b, b)
+        }
+        Bias::AllFromKeyOn => {
+            let b = c.attention_bias.unwrap_or(true);
             (b, b)
         }
     };
@@ -587,7 +635,8 @@ pub(super) fn decoder_at(
     }
     let rotary = LayerSpec {
         head_dim: Some(rotary_dim),
-        concat: row.rotary_concat.then_some(true),
+        concat: (row.rotary_concat || row.rotary_halves).then_some(true),
+        half_tables: row.rotary_halves.then_some(true),
         tables_f32: row.rotary_f32.then_some(true),
         upcast: row.rotary_upcast.then_some(true),
         ..layer(K::Rotary, &p("rotary_emb"))
@@ -819,9 +868,11 @@ fn decoder_layer(
         qk_norm_style: (row.qk_norm == QkNorm::Head && matches!(row.norm, Norm::Gemma))
             .then_some(Style::Gemma),
         sliding_window: a.sliding_window,
-        // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype).
-        softmax_f32: Some(true),
+        // Their eager_attention_forward: softmax(.., dtype=torch.float32).to(query.dtype);
+        // GPT-OSS's: softmax(.., dtype=combined_logits.dtype), after the sink column.
+        softmax_f32: (!row.sinks).then_some(true),
         softcap: a.softcap,
+        sinks: row.sinks.then_some(true),
         ..layer(K::Attention, "self_attn")
     };
     if row.qkv == Qkv::Fused {
@@ -985,6 +1036,8 @@ fn finish_layer(
             router,
             groups,
             topk_groups,
+            expert_bias,
+            swiglu_limit,
         } => {
             if act_name != "silu" && act_name != "swish" {
                 return Err(cfg.err(format!(
@@ -1003,6 +1056,8 @@ fn finish_layer(
                     router: (*router != Router::Softmax).then_some(*router),
                     groups: (*groups > 1).then_some(*groups),
                     topk_groups: (*topk_groups != *groups).then_some(*topk_groups),
+                    expert_bias: expert_bias.then_some(true),
+                    swiglu_limit: *swiglu_limit,
                     ..layer(K::Moe, "mlp")
                 },
             )

@@ -78,6 +78,8 @@ const LLAMA: DecoderFamily = DecoderFamily {
     mla: false,
     rotary_upcast: false,
     logit_scale: None,
+    sinks: false,
+    rotary_halves: false,
 };
 
 /// The Llama-style decoder families, one row each: the defaults of the transformers config
@@ -253,6 +255,26 @@ const DECODERS: &[DecoderFamily] = &[
         placement: NormPlacement::Parallel,
         rotary_upcast: true,
         logit_scale: Some(0.0625),
+        ..LLAMA
+    },
+    // GptOssConfig / modeling_gpt_oss.py (GptOssForCausalLM): biased Q/K/V/O projections, a
+    // learned sink logit per head (eager attention: SDPA cannot take sinks), sliding windows
+    // of 128 on every other layer, half-width rotary tables (YaRN only changes their values),
+    // `GptOssRMSNorm` (the weight times the float32 normalized tensor, as OLMo-2's), and on
+    // every layer the experts with biases behind a biased top-k-then-softmax router.
+    DecoderFamily {
+        model_type: "gpt_oss",
+        arch_prefix: "gptoss",
+        kv_heads: KvHeads::Fixed(8),
+        head_dim: Some(64),
+        max_positions: 131_072,
+        bias: Bias::AllFromKeyOn,
+        mlp_bias: false,
+        norm: Norm::Olmo2,
+        sliding: Sliding::GptOss,
+        moe: Moe::GptOss,
+        sinks: true,
+        rotary_halves: true,
         ..LLAMA
     },
     DecoderFamily {
@@ -726,6 +748,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
             // BLOOM's attention has only its eager form (`baddbmm` with the ALiBi bias).
             // Soft-capped attention scores (Gemma 2; Gemma 3 when a config sets
             // `attn_logit_softcapping`) are eager only: SDPA cannot soft-cap.
+            // GPT-OSS's attention sinks are eager only too (`_supports_sdpa = False`).
             attention: Some(if matches!(family, Family::Bloom) || any_softcap(&layers) {
                 AttentionImpl::Eager
             } else {
@@ -738,10 +761,10 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
     })
 }
 
-/// Whether an attention layer soft-caps its scores.
+/// Whether an attention layer soft-caps its scores or joins sink logits to them: eager only.
 fn any_softcap(layers: &[LayerSpec]) -> bool {
     layers.iter().any(|l| {
-        (l.kind == LayerKind::Attention && l.softcap.is_some())
+        (l.kind == LayerKind::Attention && (l.softcap.is_some() || l.sinks == Some(true)))
             || l.layers.as_deref().is_some_and(any_softcap)
     })
 }

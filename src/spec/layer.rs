@@ -189,6 +189,14 @@ pub struct LayerSpec {
     pub router: Option<Router>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topk_groups: Option<u64>,
+    /// Mixture of experts: the experts have biases (`gate_up_proj_bias`, `down_proj_bias`,
+    /// GPT-OSS), gathered per routed row and added to the grouped products.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_bias: Option<bool>,
+    /// Mixture of experts: GPT-OSS's clamped SwiGLU with this limit (`swiglu_limit`), on
+    /// interleaved gate and up columns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swiglu_limit: Option<f64>,
     // multi-head latent attention
     #[serde(skip_serializing_if = "Option::is_none")]
     pub q_lora_rank: Option<u64>,
@@ -217,6 +225,9 @@ pub struct LayerSpec {
     pub expand_kv: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub softcap: Option<f64>,
+    /// Attention: a learned sink logit per head joins the eager scores (GPT-OSS's `sinks`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sinks: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub position_bias: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -236,6 +247,10 @@ pub struct LayerSpec {
     pub per_sample: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local: Option<bool>,
+    /// Rotary: the `cos`/`sin` tables are `head_dim/2` wide and each half of a head is rotated
+    /// against them, the halves joined with `torch.cat` (GPT-OSS's `_apply_rotary_emb`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub half_tables: Option<bool>,
     // scale
     #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,
@@ -454,6 +469,10 @@ pub enum Router {
     /// (a buffer), the best `topk_groups` groups by their two best scores, the top-k gathered
     /// from the sigmoid scores, renormalized and scaled.
     DeepseekV3,
+    /// GPT-OSS's `GptOssTopKRouter`: logits with a bias `[experts]` in the activation dtype,
+    /// top-k of the logits, then a softmax over the k chosen (activation dtype, already summing
+    /// to one: `normalize_topk` is not read).
+    GptOss,
 }
 
 macro_rules! layer_kinds {

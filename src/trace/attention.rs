@@ -231,12 +231,18 @@ impl Tracer<'_> {
                 input,
             }));
         }
+        // GPT-OSS's `sinks`: one learned logit per head (a `[heads]` parameter).
+        let sinks = if c.sinks {
+            Some(self.param(Shape::from([c.heads]), train)?)
+        } else {
+            None
+        };
         let ctx = if math {
             self.sdpa_math(q, k, v, c, bias)?
         } else if fused {
             self.sdpa_fused(q, k, v, c, bias)?
         } else {
-            self.sdpa_eager(q, k, v, c, bias)?
+            self.sdpa_eager(q, k, v, c, bias, sinks)?
         };
         if selective && let Some(seg) = self.segment.take() {
             self.tape.segments[seg].end = self.tape.steps.len();
@@ -365,8 +371,12 @@ impl Tracer<'_> {
             concat,
             tables_f32,
             upcast,
+            half,
         } = rope;
         let tv = self.val(t).clone();
+        if half {
+            return self.rope_apply_halves(t, cos, sin);
+        }
         let wide = if tables_f32 || upcast {
             promote(tv.dtype, DType::Float32)
         } else {
@@ -401,6 +411,48 @@ impl Tracer<'_> {
             tv.shape.clone(),
             tv.dtype,
             layout,
+            tv.requires_grad,
+            false,
+        );
+        let call = Call::new(AtenOp::ApplyRotary, vec![t], vec![y]);
+        self.call(call.aux(vec![cos, sin]).allocs(allocs))?;
+        Ok(y)
+    }
+
+    /// GPT-OSS's `_apply_rotary_emb`: `x1, x2 = chunk(x, 2, -1)` (views), `x1·cos - x2·sin`
+    /// and `x2·cos + x1·sin` against `[1, 1, S, head_dim/2]` tables (four products and two
+    /// sums, each `[B, heads, S, head_dim/2]` in the input's dtype, forward temporaries), joined
+    /// by `torch.cat` into a new contiguous tensor. Each product keeps only its table (`mul`
+    /// saves the factor the other one's gradient needs; the tables need none); `sub`, `add`
+    /// and `cat` keep nothing.
+    fn rope_apply_halves(
+        &mut self,
+        t: ValueId,
+        cos: StorageId,
+        sin: StorageId,
+    ) -> Result<ValueId, Error> {
+        let tv = self.val(t).clone();
+        let mut dims = tv.shape.dims().to_vec();
+        let last = dims.len() - 1;
+        dims[last] /= 2;
+        let half_shape = Shape::new(dims);
+        let mut allocs = Vec::new();
+        for what in [
+            "x1*cos",
+            "x2*sin",
+            "x1*cos - x2*sin",
+            "x2*cos",
+            "x1*sin",
+            "x2*cos + x1*sin",
+        ] {
+            allocs.push(self.storage(&half_shape, tv.dtype, StorageKind::Activation, what)?);
+        }
+        let ys = self.storage(&tv.shape, tv.dtype, StorageKind::Activation, "rotated")?;
+        let y = self.value(
+            ys,
+            tv.shape.clone(),
+            tv.dtype,
+            Layout::Contiguous,
             tv.requires_grad,
             false,
         );
@@ -509,6 +561,9 @@ impl Tracer<'_> {
     /// Eager attention as transformers writes it: `matmul(q, k^T)` (matmul copies non-contiguous
     /// operands to `[B·heads, S, head_dim]` and `bmm` saves both), scale and mask, softmax (keeps
     /// its output), dropout (keeps its mask or noise), `matmul(p, v)` (saves `p` and `v`).
+    /// With `sinks` (GPT-OSS's `eager_attention_forward`), the masked scores get one more
+    /// column, the sink logit of each head, and the row maximum is subtracted before the
+    /// softmax; the sink column is sliced off its output ([`AttentionCfg::sinks`]).
     pub(super) fn sdpa_eager(
         &mut self,
         q: ValueId,
@@ -516,6 +571,7 @@ impl Tracer<'_> {
         v: ValueId,
         c: &AttentionCfg,
         bias: Option<ValueId>,
+        sinks: Option<ValueId>,
     ) -> Result<ValueId, Error> {
         let q = self.autocast_input(q)?;
         let k = self.autocast_input(k)?;
@@ -543,6 +599,10 @@ impl Tracer<'_> {
             None if c.causal => self.unary(scaled, AtenOp::AddScalar)?,
             None => scaled,
         };
+        let masked = match sinks {
+            Some(w) => self.join_sinks(masked, w)?,
+            None => masked,
+        };
         // Llama-family code runs the softmax in float32 and casts the result back; CUDA
         // autocast runs it in float32 too.
         let probs = if c.softmax_f32 || self.autocast_f32_norms() {
@@ -557,6 +617,19 @@ impl Tracer<'_> {
         } else {
             self.unary(masked, AtenOp::Softmax)?
         };
+        // `probs[..., :-1]`: the sink column dropped, a strided view (its backward pads the
+        // gradient back to the full width).
+        let probs = if sinks.is_some() {
+            self.view_op(
+                probs,
+                Shape::from([b, heads, s, s_kv]),
+                Layout::Strided,
+                AtenOp::Slice,
+                false,
+            )
+        } else {
+            probs
+        };
         let probs = self.dropout(probs, c.dropout, false)?;
         // Under autocast the second matmul reads (and keeps) a 16-bit copy of float32 weights
         // (T5 adds a float32 position bias, so its softmax runs in float32).
@@ -570,6 +643,48 @@ impl Tracer<'_> {
             qv.dtype,
             "context",
         )
+    }
+
+    /// GPT-OSS's sink column: `sinks.reshape(1, -1, 1, 1).expand(B, -1, S, -1)` (a view of the
+    /// `[heads]` parameter), `torch.cat([scores, sinks], dim=-1)` into a new
+    /// `[B, heads, S, S_kv + 1]` tensor (keeps nothing), `combined.max(dim=-1, keepdim=True)`
+    /// (`max.dim`: keeps its int64 `[B, heads, S, 1]` indices) and `combined - max` (a new
+    /// tensor, keeps nothing). Returns the difference.
+    fn join_sinks(&mut self, scores: ValueId, sinks: ValueId) -> Result<ValueId, Error> {
+        let sv = self.val(scores).clone();
+        let &[b, heads, s, s_kv] = sv.shape.dims() else {
+            unreachable!("attention scores are rank 4")
+        };
+        let expanded = self.view_op(
+            sinks,
+            Shape::from([b, heads, s, 1]),
+            Layout::Strided,
+            AtenOp::Expand,
+            false,
+        );
+        let width = checked(s_kv.checked_add(1), "the scores with their sink column")?;
+        // `torch.cat` promotes to the wider dtype (float32 sinks beside 16-bit scores).
+        let dtype = promote(sv.dtype, self.val(sinks).dtype);
+        let rg = sv.requires_grad || self.rg(sinks);
+        let combined = self.fresh(
+            Shape::from([b, heads, s, width]),
+            dtype,
+            "scores and sinks",
+            rg,
+        )?;
+        self.call(Call::new(
+            AtenOp::Cat,
+            vec![scores, expanded],
+            vec![combined],
+        ))?;
+        let row = Shape::from([b, heads, s, 1]);
+        let max = self.fresh(row.clone(), dtype, "row maximum", rg)?;
+        let indices = self.storage(&row, DType::Int64, StorageKind::Activation, "max indices")?;
+        let call = Call::new(AtenOp::MaxDim, vec![combined], vec![max]);
+        self.call(call.aux(vec![indices]).results(vec![indices]))?;
+        let shifted = self.fresh(Shape::from([b, heads, s, width]), dtype, "output", rg)?;
+        self.call(Call::new(AtenOp::Sub, vec![combined, max], vec![shifted]))?;
+        Ok(shifted)
     }
 
     /// SDPA's math path, `_scaled_dot_product_attention_math`

@@ -142,6 +142,7 @@ impl Tracer<'_> {
             bool_mask: false,
             expand_kv: false,
             softcap: None,
+            sinks: false,
         };
         let fused = self.s.attention == AttentionImpl::Flash;
         let math = fused
@@ -154,7 +155,7 @@ impl Tracer<'_> {
         } else if fused {
             self.sdpa_fused(query, key, value, &ac, None)?
         } else {
-            self.sdpa_eager(query, key, value, &ac, None)?
+            self.sdpa_eager(query, key, value, &ac, None, None)?
         };
         let cv = self.val(ctx).clone();
         let merged_shape = Shape::from([b, s, o_width]);

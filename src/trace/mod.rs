@@ -974,6 +974,8 @@ struct Rope {
     tables_f32: bool,
     /// Q and K rotated in float32 against tables in the activation dtype (Cohere).
     upcast: bool,
+    /// `head_dim/2`-wide tables, each half of a head rotated against them (GPT-OSS).
+    half: bool,
 }
 
 /// Type promotion of the operands of a binary elementwise operator (`torch.result_type` for

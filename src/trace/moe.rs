@@ -37,8 +37,10 @@ impl Tracer<'_> {
         let weights = match c.router {
             Router::Softmax => self.softmax_router(x, c, t, train)?,
             Router::DeepseekV2 | Router::DeepseekV3 => self.deepseek_router(x, c, t, train)?,
+            Router::GptOss => self.gpt_oss_router(x, c, t, train)?,
         };
-        let w_act = if a == DType::Float32 {
+        // Float32 weights are cast to the activations' dtype (GPT-OSS's already are).
+        let w_act = if self.val(weights).dtype == a {
             weights
         } else {
             let y = self.fresh(
@@ -66,6 +68,18 @@ impl Tracer<'_> {
             StorageKind::Activation,
             "expert offsets",
         )?;
+        // The sorted expert ids (`expert_ids_g`, the values `torch.sort` returns beside the
+        // permutation): the per-row bias gathers keep them.
+        let sorted_ids = if c.expert_bias {
+            Some(self.storage(
+                &Shape::from([tk]),
+                DType::Int64,
+                StorageKind::Activation,
+                "sorted expert ids",
+            )?)
+        } else {
+            None
+        };
         let gathered = self.fresh(
             Shape::from([rows, h]),
             a,
@@ -73,8 +87,10 @@ impl Tracer<'_> {
             xv.requires_grad,
         )?;
         let dispatch = vec![index[0], index[1], index[2], offsets];
+        let mut allocs = dispatch.clone();
+        allocs.extend(sorted_ids);
         let call = Call::new(AtenOp::MoeDispatch, vec![x], vec![gathered]);
-        self.call(call.aux(dispatch.clone()).allocs(dispatch))?;
+        self.call(call.aux(dispatch).allocs(allocs))?;
         let ws = self.fresh(
             Shape::from([rows, 1]),
             a,
@@ -87,28 +103,47 @@ impl Tracer<'_> {
             c.intermediate_size.checked_mul(2),
             "the experts' gate and up width (2 × intermediate_size)",
         )?;
-        // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights.
+        // Experts: grouped_mm with [E, 2I, H] and [E, H, I] weights (GPT-OSS stores them
+        // transposed, [E, H, 2I] and [E, I, H]: the same sizes), with `expert_bias` their
+        // [E, 2I] and [E, H] biases.
         let w_gu = self.weight(Shape::from([c.experts, two_i, h]), train, true)?;
+        let b_gu = if c.expert_bias {
+            Some(self.param(Shape::from([c.experts, two_i]), train)?)
+        } else {
+            None
+        };
         let w_down = self.weight(
             Shape::from([c.experts, h, c.intermediate_size]),
             train,
             true,
         )?;
+        let b_down = if c.expert_bias {
+            Some(self.param(Shape::from([c.experts, h]), train)?)
+        } else {
+            None
+        };
         let gu = self.grouped_mm(gathered, w_gu, Shape::from([rows, two_i]), offsets)?;
-        let gate = self.view_of(
-            gu,
-            Shape::from([rows, c.intermediate_size]),
-            Layout::Strided,
-        );
-        let up = self.view_of(
-            gu,
-            Shape::from([rows, c.intermediate_size]),
-            Layout::Strided,
-        );
-        self.call(Call::new(AtenOp::Chunk, vec![gu], vec![gate, up]))?;
-        let act = self.unary(gate, AtenOp::Silu)?;
-        let prod = self.mul(act, up)?;
+        let gu = self.expert_bias(gu, b_gu, sorted_ids)?;
+        let prod = match c.swiglu_limit {
+            Some(_) => self.clamped_swiglu(gu, rows, c.intermediate_size)?,
+            None => {
+                let gate = self.view_of(
+                    gu,
+                    Shape::from([rows, c.intermediate_size]),
+                    Layout::Strided,
+                );
+                let up = self.view_of(
+                    gu,
+                    Shape::from([rows, c.intermediate_size]),
+                    Layout::Strided,
+                );
+                self.call(Call::new(AtenOp::Chunk, vec![gu], vec![gate, up]))?;
+                let act = self.unary(gate, AtenOp::Silu)?;
+                self.mul(act, up)?
+            }
+        };
         let down = self.grouped_mm(prod, w_down, Shape::from([rows, h]), offsets)?;
+        let down = self.expert_bias(down, b_down, sorted_ids)?;
         let weighted = self.mul(down, ws)?;
         let scattered = self.fresh(Shape::from([tk, h]), a, "unsorted rows", self.rg(weighted))?;
         let call = Call::new(AtenOp::Index, vec![weighted], vec![scattered]);
@@ -204,6 +239,83 @@ impl Tracer<'_> {
             topv
         };
         Ok(weights)
+    }
+
+    /// GPT-OSS's router (`GptOssTopKRouter`): `F.linear(x, weight, bias)` on the `[T, H]`
+    /// tokens (the raw `[E, H]` and `[E]` parameters: `addmm`, keeping the tokens and the
+    /// weight), `topk` of the logits (keeps its int64 `[T, k]` indices), then
+    /// `softmax(values, dtype=values.dtype)` over the k chosen (keeps its output). Returns
+    /// those weights, `[T, k]` in the activations' dtype.
+    fn gpt_oss_router(
+        &mut self,
+        x: ValueId,
+        c: &MoeCfg,
+        t: u64,
+        train: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let h = xv.shape.dims()[2];
+        let w = self.param(Shape::from([c.experts, h]), train)?;
+        let b = self.param(Shape::from([c.experts]), train)?;
+        let logits = self.linear(x, w, Some(b), c.experts)?;
+        let lv = self.val(logits).clone();
+        let topv = self.fresh(
+            Shape::from([t, c.top_k]),
+            lv.dtype,
+            "top-k logits",
+            lv.requires_grad,
+        )?;
+        let idx = self.storage(
+            &Shape::from([t, c.top_k]),
+            DType::Int64,
+            StorageKind::Activation,
+            "top-k indices",
+        )?;
+        let call = Call::new(AtenOp::Topk, vec![logits], vec![topv]);
+        self.call(call.aux(vec![idx]).results(vec![idx]))?;
+        self.unary(topv, AtenOp::Softmax)
+    }
+
+    /// `out.add_(bias[expert_ids_g])` (`_grouped_linear` with a bias): the `[E, n]` bias
+    /// gathered per routed row (`index`, keeping the sorted ids; the gathered rows are a
+    /// forward temporary), added in place (keeps nothing). Without a bias, `out` itself.
+    fn expert_bias(
+        &mut self,
+        out: ValueId,
+        bias: Option<ValueId>,
+        sorted_ids: Option<StorageId>,
+    ) -> Result<ValueId, Error> {
+        let (Some(bias), Some(ids)) = (bias, sorted_ids) else {
+            return Ok(out);
+        };
+        let ov = self.val(out).clone();
+        let gathered = self.fresh(
+            ov.shape.clone(),
+            self.val(bias).dtype,
+            "gathered expert biases",
+            self.rg(bias),
+        )?;
+        self.call(Call::new(AtenOp::Index, vec![bias], vec![gathered]).aux(vec![ids]))?;
+        self.add(&[out, gathered], true)
+    }
+
+    /// GPT-OSS's clamped SwiGLU (`GptOssExperts._apply_gate`) on the `[rows, 2I]` grouped
+    /// product: `gate, up = gate_up[..., ::2], gate_up[..., 1::2]` (strided views),
+    /// `gate.clamp(max=limit)` and `up.clamp(-limit, limit)` (each keeps its input: the
+    /// product), `glu = gate * sigmoid(gate * alpha)` (the scalar product keeps nothing,
+    /// `sigmoid` its output, the product both factors), `(up + 1) * glu` (the sum keeps
+    /// nothing, the product both factors). Returns the `[rows, I]` result.
+    fn clamped_swiglu(&mut self, gu: ValueId, rows: u64, inter: u64) -> Result<ValueId, Error> {
+        let half = Shape::from([rows, inter]);
+        let gate = self.view_op(gu, half.clone(), Layout::Strided, AtenOp::Slice, false);
+        let up = self.view_op(gu, half, Layout::Strided, AtenOp::Slice, false);
+        let gate = self.unary(gate, AtenOp::Clamp)?;
+        let up = self.unary(up, AtenOp::Clamp)?;
+        let scaled = self.unary(gate, AtenOp::MulScalar)?;
+        let sig = self.unary(scaled, AtenOp::Sigmoid)?;
+        let glu = self.mul(gate, sig)?;
+        let up1 = self.unary(up, AtenOp::AddScalar)?;
+        self.mul(up1, glu)
     }
 
     /// DeepSeek's routers (`DeepseekV2TopkRouter`, `DeepseekV3TopkRouter`): float32 logits from

@@ -57,6 +57,15 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     ("examples/hf/starcoder.json", 15_517_456_384),
     // mt5-small: transformers 5 ties its LM head to `shared` whatever the config says.
     ("examples/hf/mt5-small.json", 172_119_424),
+    // openai/gpt-oss-20b (GptOssForCausalLM, config written from the Hub's values; the
+    // checkpoint's MXFP4 `quantization_config` left out on the meta device): embeddings and
+    // untied head 2·201088·2880 = 1_158_266_880; per layer q 2880·4096 + 4096, o 4096·2880 +
+    // 2880, k, v 2·(2880·512 + 512), sinks 64, two norms 2·2880, router 32·2880 + 32, experts
+    // 32·(2880·5760 + 5760 + 2880·2880 + 2880) = 796_538_880: 823_186_976, times 24; final
+    // norm 2880 (transformers 5.24 on the meta device).
+    ("examples/hf/gpt-oss-20b.json", 20_914_757_184),
+    // openai/gpt-oss-120b: as 20b with 36 layers of 128 experts.
+    ("examples/hf/gpt-oss-120b.json", 116_829_156_672),
     // Qwen3-30B-A3B: 128 experts of 768 per layer, top 8, q/k norms.
     ("examples/hf/qwen3-30b-a3b.json", 30_532_122_624),
     // stablelm-2-1.6b: LayerNorms with biases, Q/K/V biases, SiLU-gated MLP, untied head.
@@ -1226,4 +1235,78 @@ fn qwen2_vl_image_tokens_follow_the_image_size() {
             && err.contains("476x476"),
         "{err}"
     );
+}
+
+/// GPT-OSS: sliding windows of 128 on the even layers, attention sinks (eager by default),
+/// half-width rotary tables, and on every layer the biased top-k-then-softmax router and the
+/// experts with biases and the clamped SwiGLU.
+#[test]
+fn gpt_oss_sinks_alternating_windows_and_biased_experts() {
+    let t = printed(&["examples/hf/gpt-oss-20b.json"]);
+    assert_eq!(t["defaults"]["attention"].as_str(), Some("eager"));
+    let l = layers(&t);
+    let rotary = l
+        .iter()
+        .find(|l| l["kind"].as_str() == Some("rotary"))
+        .unwrap();
+    assert_eq!(rotary["half_tables"].as_bool(), Some(true));
+    let blocks: Vec<&toml::Table> = l
+        .iter()
+        .filter(|l| l["kind"].as_str() == Some("repeat"))
+        .collect();
+    assert_eq!(blocks.len(), 24);
+    for (i, b) in blocks.iter().enumerate() {
+        let body = b["layers"].as_array().unwrap();
+        let find = |kind: &str| {
+            body.iter()
+                .find(|l| l["kind"].as_str() == Some(kind))
+                .unwrap()
+        };
+        let attn = find("attention");
+        assert_eq!(attn["sinks"].as_bool(), Some(true));
+        assert_eq!(attn.get("bias"), None, "biased Q/K/V/O");
+        let window = attn.get("sliding_window").and_then(toml::Value::as_integer);
+        assert_eq!(window, (i % 2 == 0).then_some(128), "layer {i}");
+        let moe = find("moe");
+        assert_eq!(moe["router"].as_str(), Some("gpt_oss"));
+        assert_eq!(moe["experts"].as_integer(), Some(32));
+        assert_eq!(moe["top_k"].as_integer(), Some(4));
+        assert_eq!(moe["expert_bias"].as_bool(), Some(true));
+        assert_eq!(moe["swiglu_limit"].as_float(), Some(7.0));
+    }
+    // The tiny fixture, by hand: embeddings and head 2·1000·256 = 512_000; per layer q, o
+    // 2·(256·256 + 256) + k, v 2·(256·128 + 128) + sinks 4 = 197_380, two norms 512, router
+    // 4·256 + 4, experts 4·(256·256 + 256) + 4·(128·256 + 256) = 396_292; 2 layers; final
+    // norm 256 (transformers 5.24 counts the same, tests/data/hf-reference.json).
+    let r = report(&["tests/fixtures/hf/gpt_oss_tiny.json", "--seq", "64"]);
+    assert_eq!(u(&r, "param_count"), 1_700_624);
+}
+
+/// The sink column of GPT-OSS's eager attention, by hand: the softmax keeps `[B, heads, S,
+/// S + 1]` instead of `[B, heads, S, S]` and `max.dim` its int64 `[B, heads, S, 1]` indices:
+/// `B·heads·S·(4 + 8)` bytes more in float32 (B 2, 4 heads, S 16: 1_536), and `heads`
+/// parameters more.
+#[test]
+fn attention_sinks_keep_one_more_column_and_the_max_indices() {
+    let model = |sinks: bool| {
+        TempModel::new(
+            "toml",
+            &format!(
+                "[input]\nshape = [\"seq\", 32]\n\n[[layers]]\nkind = \"attention\"\nheads = 4\ncausal = true\nkv_cache = false\nsinks = {sinks}\n"
+            ),
+        )
+    };
+    let (with, without) = (model(true), model(false));
+    let args = ["--batch", "2", "--seq", "16", "--attention", "eager"];
+    let run = |m: &TempModel| {
+        let mut a = vec![m.arg()];
+        a.extend(args);
+        report(&a)
+    };
+    let (a, b) = (run(&with), run(&without));
+    assert_eq!(
+        u(&a, "activations_bytes") - u(&b, "activations_bytes"),
+        2 * 4 * 16 * (4 + 8)
+    );
+    assert_eq!(u(&a, "param_count") - u(&b, "param_count"), 4);
 }

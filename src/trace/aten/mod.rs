@@ -105,6 +105,12 @@ pub enum AtenOp {
     AddInplace,
     /// `add.Scalar(self, other, alpha)`: a sum with a Python number (or a mask constant).
     AddScalar,
+    /// `sub.Tensor(self, other, alpha)`.
+    Sub,
+    /// `clamp(self, min, max)` with Python-number bounds.
+    Clamp,
+    /// `max.dim(self, dim, keepdim)`: the maximum along a dimension and its int64 indices.
+    MaxDim,
     /// `div_.Tensor(self, other)`.
     DivInplace,
     /// `div.Tensor(self, other)` by a tensor that needs no gradient (a loss divided by its count
@@ -131,6 +137,9 @@ pub enum AtenOp {
     Permute,
     /// `narrow(self, dim, start, length)`.
     Narrow,
+    /// `slice.Tensor(self, dim, start, end, step)`: basic indexing (`x[..., :-1]`,
+    /// `x[..., ::2]`).
+    Slice,
     /// `select.int(self, dim, index)`.
     Select,
     /// `expand(self, size)`.
@@ -290,6 +299,9 @@ impl AtenOp {
             AtenOp::Add => "add.Tensor",
             AtenOp::AddInplace => "add_.Tensor",
             AtenOp::AddScalar => "add.Scalar",
+            AtenOp::Sub => "sub.Tensor",
+            AtenOp::Clamp => "clamp",
+            AtenOp::MaxDim => "max.dim",
             AtenOp::DivInplace => "div_.Tensor",
             AtenOp::Div => "div.Tensor",
             AtenOp::Mean => "mean.dim",
@@ -302,6 +314,7 @@ impl AtenOp {
             AtenOp::Transpose => "transpose.int",
             AtenOp::Permute => "permute",
             AtenOp::Narrow => "narrow",
+            AtenOp::Slice => "slice.Tensor",
             AtenOp::Select => "select.int",
             AtenOp::Expand => "expand",
             AtenOp::Unbind => "unbind.int",
@@ -586,6 +599,24 @@ impl AtenOp {
                 SaveRule::NOTHING,
             ),
             AtenOp::AddScalar => unary("add.Scalar", SaveRule::NOTHING),
+            AtenOp::Sub => spec(
+                Some("sub.Tensor"),
+                &["self", "other"],
+                &["result"],
+                &[],
+                SaveRule::NOTHING,
+            ),
+            // `clamp_backward(grad, self, min, max)`: the input.
+            AtenOp::Clamp => unary("clamp", IN),
+            // `value_selecting_reduction_backward_symint(grad, dim, indices, self.sym_sizes(),
+            // keepdim)`: the indices only.
+            AtenOp::MaxDim => spec(
+                Some("max.dim"),
+                &["self"],
+                &["values"],
+                &["indices"],
+                SaveRule::always(&[Aux(0)]),
+            ),
             // `topv /= topv.sum(-1, keepdim=True)` (MoE routing): `div_.Tensor` saves `other`
             // and a clone of `self`; the sum is computed inside the step, so both are auxiliaries.
             AtenOp::DivInplace => spec(
@@ -635,6 +666,7 @@ impl AtenOp {
             AtenOp::Transpose => unary("transpose.int", SaveRule::NOTHING),
             AtenOp::Permute => unary("permute", SaveRule::NOTHING),
             AtenOp::Select => unary("select.int", SaveRule::NOTHING),
+            AtenOp::Slice => unary("slice.Tensor", SaveRule::NOTHING),
             AtenOp::Expand => unary("expand", SaveRule::NOTHING),
             AtenOp::Unbind => unary("unbind.int", SaveRule::NOTHING),
             AtenOp::Split => unary("split.Tensor", SaveRule::NOTHING),

@@ -210,9 +210,10 @@ impl Tracer<'_> {
         let bdt = self.param_dtype();
         self.buffer(Shape::from([half]), bdt, "inv_freq")?;
         self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
-        // cos and sin, [1, S, head_dim] (per sample: [B, S, head_dim]) in the activation dtype,
-        // shared by every layer.
-        let table = Shape::from([if c.per_sample { batch } else { 1 }, seq, c.head_dim]);
+        // cos and sin, [1, S, head_dim] (per sample: [B, S, head_dim]; GPT-OSS's half tables
+        // [1, S, head_dim/2]) in the activation dtype, shared by every layer.
+        let width = if c.half_tables { half } else { c.head_dim };
+        let table = Shape::from([if c.per_sample { batch } else { 1 }, seq, width]);
         let dt = if self.s.amp.is_some() || c.tables_f32 {
             DType::Float32
         } else {
@@ -228,6 +229,7 @@ impl Tracer<'_> {
             concat: c.concat,
             tables_f32: c.tables_f32,
             upcast: c.upcast,
+            half: c.half_tables,
         });
         if c.local {
             self.rope_local = rope;
