@@ -246,13 +246,29 @@ struct Trainable {
 }
 
 /// The expert weights of `tape`'s mixture-of-experts layers: the 3-D `[experts, out, in]`
-/// parameters `torch._grouped_mm` reads (`trace/moe.rs`), by storage.
+/// parameters `torch._grouped_mm` reads (`trace/moe.rs`), and the experts' `[experts, n]`
+/// biases (GPT-OSS's `gate_up_proj_bias`, `down_proj_bias`: parameters an `index` step of the
+/// same layer gathers rows of; transformers' expert-parallel plan divides them with the
+/// weights), by storage.
 pub(super) fn expert_weights(tape: &Tape) -> HashSet<StorageId> {
     let mut out = HashSet::new();
+    let mut experts = std::collections::HashMap::new();
     for step in tape.steps.iter().filter(|s| s.op == AtenOp::GroupedMm) {
         for &v in &step.inputs {
             let val = &tape.values[v];
             if val.param && val.shape.dims().len() == 3 {
+                out.insert(val.storage);
+                experts.insert(step.layer, val.shape.dims()[0]);
+            }
+        }
+    }
+    for step in tape.steps.iter().filter(|s| s.op == AtenOp::Index) {
+        let Some(&n) = experts.get(&step.layer) else {
+            continue;
+        };
+        for &v in &step.inputs {
+            let val = &tape.values[v];
+            if val.param && val.shape.dims().len() == 2 && val.shape.dims()[0] == n {
                 out.insert(val.storage);
             }
         }

@@ -264,6 +264,29 @@ fn mixtral_expert_parallel_model_states() {
     assert_eq!(u(&r, "gradients_bytes"), 2 * per_gpu);
 }
 
+/// GPT-OSS under `--ep 2`: each rank keeps half of every expert weight and half of the
+/// experts' biases. The tiny config, by hand: per layer gate_up 4·256·256 + its bias 4·256,
+/// down 4·128·256 + its bias 4·256 = 395_264 expert parameters; two layers in float32 are
+/// 3_162_112 B, half of it (1_581_056 B) on another rank; 6_802_496 B in all.
+#[test]
+fn gpt_oss_expert_parallel_divides_the_expert_biases() {
+    let r = report(&[
+        "tests/fixtures/hf/gpt_oss_tiny.json",
+        "--seq",
+        "64",
+        "--gpus",
+        "4",
+        "--ep",
+        "2",
+    ]);
+    let p = &r["parallel"];
+    assert_eq!(get(p, "/unsharded/parameters_bytes"), 6_802_496);
+    assert_eq!(
+        get(p, "/per_gpu/parameters_bytes"),
+        6_802_496 - 3_162_112 / 2
+    );
+}
+
 /// A capacity factor pads every expert's rows to its capacity: at 2.0 the experts run on
 /// twice the routed rows, so they save more than dropless; the all-to-all buffers are
 /// communication buffers; `--ep` needs experts that divide and a model that has them.
