@@ -34,7 +34,8 @@ pub struct Cli {
     #[arg(long, value_parser = parse_positive)]
     seq: Option<u64>,
     /// Target sequence length: the length of an encoder-decoder's second input (a model
-    /// input dimension "target_seq", e.g. Whisper's decoder ids).
+    /// input dimension "target_seq", e.g. a seq2seq file's decoder ids; imported T5 and
+    /// Whisper configs read their decoder ids with --seq).
     #[arg(long, value_parser = parse_positive)]
     target_seq: Option<u64>,
     /// Optimizer whose state is counted.

@@ -31,8 +31,8 @@ pub enum QkNorm {
 /// `kv_heads·head_dim`, `kv_heads·head_dim` outputs, fused or not), attention, and the output
 /// projection back to `H`. `attention` is self-attention; `cross_attention` (T5's decoder) takes
 /// its queries from the first input and projects keys and values from the second (the encoder
-/// output `[B, S_enc, H]`), with the keys `heads`, `head_dim`, `bias`, `out_bias` and
-/// `dropout` only.
+/// output `[B, S_enc, H]`), with the keys `heads`, `head_dim`, `bias`, `out_bias`, `k_bias`,
+/// `scale_query`, `contiguous_heads`, `dropout` and `kv_cache` only.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionCfg {
     /// Whose module is modelled.
@@ -52,6 +52,17 @@ pub struct AttentionCfg {
     pub bias: bool,
     /// Bias on the output projection (default: `bias`).
     pub out_bias: bool,
+    /// Bias on the K projection (default: `bias`; Whisper's `WhisperAttention` builds `k_proj`
+    /// with `bias=False` and Q, V, O with biases).
+    pub k_bias: bool,
+    /// The Q projection is multiplied by `head_dim^-0.5` into a new tensor (`mul.Scalar`, which
+    /// saves nothing) before the heads are split, and attention runs with scale 1 (Whisper's
+    /// `(self.q_proj(hidden_states) * self.scaling)`).
+    pub scale_query: bool,
+    /// Q, K and V are copied to contiguous `[B, heads, S, head_dim]` tensors before the cache and
+    /// the kernel (Whisper's `.view(..).transpose(1, 2).contiguous()`): the kernel's output then
+    /// follows the heads-first order on the CPU and merging the heads is a copy.
+    pub contiguous_heads: bool,
     /// One fused QKV projection (GPT-2's `c_attn`, ViT's `in_proj`).
     pub fused_qkv: bool,
     /// Per-chunk attention whose outputs are joined with `torch.cat` (Qwen2-VL's vision
@@ -112,6 +123,9 @@ impl AttentionCfg {
         let causal = r.or(key!(s.causal), false);
         let bias = r.or(key!(s.bias), true);
         let out_bias = r.or(key!(s.out_bias), bias);
+        let k_bias = r.or(key!(s.k_bias), bias);
+        let scale_query = r.or(key!(s.scale_query), false);
+        let contiguous_heads = r.or(key!(s.contiguous_heads), false);
         let fused_qkv = r.or(key!(s.fused_qkv), false);
         let chunked = r.or(key!(s.chunked), false);
         let rotary = r.or(key!(s.rotary), false);
@@ -166,6 +180,11 @@ impl AttentionCfg {
         if qk_norm_style != RmsStyle::Llama && qk_norm != Some(QkNorm::Head) {
             return Err("`qk_norm_style` needs `qk_norm = true` per head".into());
         }
+        if (k_bias != bias || scale_query || contiguous_heads)
+            && (fused_qkv || style == AttnStyle::TorchMha)
+        {
+            return Err("`k_bias`, `scale_query` and `contiguous_heads` need separate Q, K and V projections (not `fused_qkv` or style = \"torch\")".into());
+        }
         if qk_norm.is_some() && (fused_qkv || style == AttnStyle::TorchMha) {
             return Err("`qk_norm` needs separate Q and K projections (not `fused_qkv` or style = \"torch\")".into());
         }
@@ -178,6 +197,9 @@ impl AttentionCfg {
             kv_cache,
             bias,
             out_bias,
+            k_bias,
+            scale_query,
+            contiguous_heads,
             fused_qkv,
             chunked,
             rotary,
@@ -204,6 +226,9 @@ impl AttentionCfg {
         let head_dim = r.pos_opt(key!(s.head_dim));
         let bias = r.or(key!(s.bias), true);
         let out_bias = r.or(key!(s.out_bias), bias);
+        let k_bias = r.or(key!(s.k_bias), bias);
+        let scale_query = r.or(key!(s.scale_query), false);
+        let contiguous_heads = r.or(key!(s.contiguous_heads), false);
         let dropout = r.prob(key!(s.dropout), 0.0);
         let kv_cache = r.or(key!(s.kv_cache), true);
         r.finish()?;
@@ -216,6 +241,9 @@ impl AttentionCfg {
             kv_cache,
             bias,
             out_bias,
+            k_bias,
+            scale_query,
+            contiguous_heads,
             fused_qkv: false,
             chunked: false,
             rotary: false,

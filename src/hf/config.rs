@@ -176,6 +176,30 @@ pub(super) struct T5Config {
     pub classifier_dropout: Option<f64>,
 }
 
+/// `WhisperConfig` (`models/whisper/configuration_whisper.py`; its `attribute_map`:
+/// `hidden_size` for `d_model`).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct WhisperConfig {
+    pub vocab_size: Option<u64>,
+    pub num_mel_bins: Option<u64>,
+    #[serde(alias = "hidden_size")]
+    pub d_model: Option<u64>,
+    pub encoder_layers: Option<u64>,
+    pub decoder_layers: Option<u64>,
+    pub encoder_attention_heads: Option<u64>,
+    pub decoder_attention_heads: Option<u64>,
+    pub encoder_ffn_dim: Option<u64>,
+    pub decoder_ffn_dim: Option<u64>,
+    pub max_source_positions: Option<u64>,
+    pub max_target_positions: Option<u64>,
+    pub activation_function: Option<String>,
+    pub dropout: Option<f64>,
+    pub attention_dropout: Option<f64>,
+    pub activation_dropout: Option<f64>,
+    pub encoder_layerdrop: Option<f64>,
+    pub decoder_layerdrop: Option<f64>,
+}
+
 /// The LayerNorm decoders built by [`super::ln_decoder`]: `GPTNeoXConfig`, `PhiConfig`,
 /// `FalconConfig` and `BloomConfig` (its `attribute_map`: `n_layer`, `n_head`), the union of the
 /// keys their builders read.

@@ -36,6 +36,7 @@ mod ln_decoder;
 mod qwen2_vl;
 mod t5;
 mod vision;
+mod whisper;
 
 use config::{Cfg, Header};
 use decoder::{
@@ -337,6 +338,7 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("llava", "llava", Family::Llava),
     ("qwen2_vl", "qwen2vl", Family::Qwen2Vl),
     ("qwen2_5_vl", "qwen2_5_vl", Family::Qwen2Vl),
+    ("whisper", "whisper", Family::Whisper),
 ];
 
 /// The `model_type`s memest can import, sorted.
@@ -634,6 +636,16 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
             pixels = Some(m.pixels);
             (m.layers, m.max_positions)
         }
+        Family::Whisper => {
+            if let Some(asked) = asked_image {
+                return Err(image_error(format!(
+                    "--image {asked}: model_type `whisper` reads no image (its log-mel `input_features` are fixed by the config: `num_mel_bins` × 2·`max_source_positions` frames)"
+                )));
+            }
+            let m = whisper::whisper(&cfg, head)?;
+            pixels = Some(m.features);
+            (m.layers, m.max_positions)
+        }
         Family::Tower => {
             let Some((kind, tower, nested)) = clip::tower_of(&model_type, arch.as_deref()) else {
                 return Err(cfg.err(format!(
@@ -706,7 +718,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         Resolved::Bare => "bare model, no loss",
         Resolved::Lm => match family {
             Family::Bert | Family::Roberta => "masked-LM head and loss",
-            Family::T5 => "LM head and loss",
+            Family::T5 | Family::Whisper => "LM head and loss",
             _ => "causal-LM head and loss",
         },
         Resolved::Classification if image.is_some() => "image-classification head and loss",
@@ -770,10 +782,12 @@ fn any_softcap(layers: &[LayerSpec]) -> bool {
 }
 
 /// `use_cache: false` (`PretrainedConfig.use_cache`, which the model's forward reads as its
-/// default): no attention layer keeps a `DynamicCache`, as a TOML model's `kv_cache = false`.
+/// default): no attention layer keeps a `DynamicCache`, and no cross-attention layer an
+/// `EncoderDecoderCache` (T5's and Whisper's decoders build none), as a TOML model's
+/// `kv_cache = false`.
 fn no_kv_cache(layers: &mut [LayerSpec]) {
     for l in layers {
-        if l.kind == LayerKind::Attention {
+        if matches!(l.kind, LayerKind::Attention | LayerKind::CrossAttention) {
             l.kv_cache = Some(false);
         }
         if let Some(body) = &mut l.layers {
@@ -837,6 +851,8 @@ enum Family {
     Llava,
     /// Qwen2-VL: a ViT over flattened patches, patch merger and Qwen2 (`qwen2_vl.rs`).
     Qwen2Vl,
+    /// Whisper: an audio encoder on log-mel features and a decoder (`whisper.rs`).
+    Whisper,
 }
 
 impl Family {
@@ -894,7 +910,7 @@ fn resolve_head(
         | Family::StableLm
         | Family::Starcoder2 => &["ForCausalLM"],
         Family::Vision(_) | Family::Tower => &[],
-        Family::Llava | Family::Qwen2Vl => &["ForConditionalGeneration"],
+        Family::Llava | Family::Qwen2Vl | Family::Whisper => &["ForConditionalGeneration"],
     };
     if lm_suffixes.iter().any(|s| arch.ends_with(s)) {
         Ok(Resolved::Lm)

@@ -166,6 +166,17 @@ pub struct LayerSpec {
     pub chunked: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub out_bias: Option<bool>,
+    /// Attention: a bias on the K projection (default: `bias`; Whisper's `k_proj` has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k_bias: Option<bool>,
+    /// Attention: the Q projection is multiplied by `head_dim^-0.5` into a new tensor before
+    /// the heads are split (Whisper's `q_proj(x) * scaling`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_query: Option<bool>,
+    /// Attention: Q, K and V are copied to contiguous `[B, heads, S, head_dim]` tensors before
+    /// attention (Whisper's `.transpose(1, 2).contiguous()`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contiguous_heads: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rotary: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]

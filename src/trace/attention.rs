@@ -119,12 +119,18 @@ impl Tracer<'_> {
             (q, k, v)
         } else {
             let mut heads = Vec::new();
-            for (src, in_f, width, n, len, target) in [
-                (x, h, qd, c.heads, s, "q"),
-                (kv_src, h_kv, kvd, c.kv_heads, s_kv, "k"),
-                (kv_src, h_kv, kvd, c.kv_heads, s_kv, "v"),
+            for (src, in_f, width, n, len, bias, target) in [
+                (x, h, qd, c.heads, s, c.bias, "q"),
+                (kv_src, h_kv, kvd, c.kv_heads, s_kv, c.k_bias, "k"),
+                (kv_src, h_kv, kvd, c.kv_heads, s_kv, c.bias, "v"),
             ] {
-                let p = self.projection(src, in_f, width, c.bias, train, target)?;
+                let p = self.projection(src, in_f, width, bias, train, target)?;
+                // Whisper scales the projection itself: `q_proj(x) * scaling`, a new tensor.
+                let p = if c.scale_query && target == "q" {
+                    self.unary(p, AtenOp::MulScalar)?
+                } else {
+                    p
+                };
                 let (split_src, op) = match c.qk_norm {
                     // Qwen3 first RMS-normalizes the [B, S, heads, head_dim] view over
                     // head_dim; the heads are then transposed out of that (new, contiguous)
@@ -155,6 +161,16 @@ impl Tracer<'_> {
                     op,
                     true,
                 );
+                let hv = if c.contiguous_heads {
+                    // `.transpose(1, 2).contiguous()`: a copy in heads-first order.
+                    let hvv = self.val(hv).clone();
+                    let copy =
+                        self.fresh(hvv.shape, hvv.dtype, "contiguous heads", hvv.requires_grad)?;
+                    self.call(Call::new(AtenOp::Clone, vec![hv], vec![copy]))?;
+                    copy
+                } else {
+                    hv
+                };
                 heads.push(hv);
             }
             (heads[0], heads[1], heads[2])

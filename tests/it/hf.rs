@@ -134,6 +134,16 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // Qwen/Qwen2.5-VL-7B-Instruct: RMSNorms and a biased SwiGLU MLP of 3420 in the 32 vision
     // blocks, merger 5120 → 5120 → 3584 (676_550_144 in all); the same language model and head.
     ("examples/hf/qwen2.5-vl-7b-instruct.json", 8_292_166_656),
+    // openai/whisper-small (WhisperForConditionalGeneration): encoder conv1 80·768·3 + 768,
+    // conv2 768·768·3 + 768, frozen embed_positions 1500·768, 12 layers of 7_087_104 (Q, V, O
+    // with biases, K without: 4·768² + 3·768; two LayerNorms; fc1/fc2 of 3072), layer_norm:
+    // 88_154_112; decoder embed_tokens 51865·768, embed_positions 448·768, 12 layers of
+    // 9_450_240 (self and cross attention, three LayerNorms, the MLP), layer_norm:
+    // 153_580_800; proj_out tied (transformers 5.24 on the meta device: 241_734_912).
+    ("examples/hf/whisper-small.json", 241_734_912),
+    // openai/whisper-large-v3: 128 mel bins, d_model 1280, 32 + 32 layers of 20 heads, FFN
+    // 5120, vocabulary 51866 (transformers 5.24 on the meta device).
+    ("examples/hf/whisper-large-v3.json", 1_543_490_560),
 ];
 
 /// Runs a report with a short sequence (the counts do not depend on it); a vision config
@@ -497,7 +507,12 @@ fn tiny_configs_of_each_family_match_cuda_measurements() {
 fn estimates(spec: &memest::spec::ModelSpec) -> Vec<Value> {
     let mut out = Vec::new();
     // A multimodal model's sequence holds its image tokens too (576 for llava-1.5).
-    let image_tokens = if spec.inputs.is_empty() { 0 } else { 1024 };
+    // (Whisper's named input is its audio features: no tokens.)
+    let image_tokens = if spec.inputs.contains_key("pixel_values") {
+        1024
+    } else {
+        0
+    };
     for (batch, seq, mode, checkpoint) in [
         (1, 1, Mode::Train, false),
         (3, 17, Mode::Train, true),
@@ -1309,4 +1324,49 @@ fn attention_sinks_keep_one_more_column_and_the_max_indices() {
         2 * 4 * 16 * (4 + 8)
     );
     assert_eq!(u(&a, "param_count") - u(&b, "param_count"), 4);
+}
+
+/// Whisper: the log-mel `input_features` are a named input fixed by the config
+/// (`[num_mel_bins, 2·max_source_positions]`), `--seq` is the decoder's (the labels'),
+/// at most `max_target_positions`; the encoder's sinusoidal `embed_positions` is frozen.
+#[test]
+fn whisper_reads_fixed_mel_features_and_seq_labels() {
+    let small = "examples/hf/whisper-small.json";
+    let t = printed(&[small]);
+    let features = &t["inputs"]["input_features"]["shape"];
+    assert_eq!(
+        features.as_array().map(|a| a
+            .iter()
+            .map(|v| v.as_integer().unwrap_or(0))
+            .collect::<Vec<_>>()),
+        Some(vec![80, 3000]),
+        "{t:?}"
+    );
+    let v = report(&[small, "--seq", "448", "--batch", "1"]);
+    // 1500·768 position rows get no gradient and no AdamW state.
+    assert_eq!(u(&v, "param_count"), 241_734_912);
+    assert_eq!(u(&v, "trainable_param_count"), 241_734_912 - 1_152_000);
+    let err = fails(&[small, "--seq", "449"]);
+    assert!(err.contains("449"), "{err}");
+    let err = fails(&[small, "--image", "224"]);
+    assert!(err.contains("reads no image"), "{err}");
+    let err = fails(&[small, "--head", "classification"]);
+    assert!(err.contains("WhisperForAudioClassification"), "{err}");
+    // K has no bias; Q is scaled and Q, K, V copied per head, as WhisperAttention does.
+    let a = attention(small);
+    assert_eq!(a["k_bias"].as_bool(), Some(false));
+    assert_eq!(a["scale_query"].as_bool(), Some(true));
+    assert_eq!(a["contiguous_heads"].as_bool(), Some(true));
+    // The bare WhisperModel reads its decoder ids as given: no shift, no head, no loss.
+    let bare = printed(&[small, "--head", "none"]);
+    let names: Vec<String> = layers(&bare)
+        .iter()
+        .filter_map(|l| l["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n != "shift_tokens_right" && n != "proj_out" && n != "loss")
+    );
+    assert!(names.iter().any(|n| n == "encoder.conv1"), "{names:?}");
 }

@@ -80,7 +80,12 @@ fn examples() -> &'static [Example] {
                 let spec = memest::load_spec(&src, format, memest::hf::Head::Auto)
                     .unwrap_or_else(|e| panic!("{rel}: {e}"));
                 let has_seq = spec.input.shape.contains(&memest::spec::DimSpec::Seq);
-                let min_seq = if spec.inputs.is_empty() { 0 } else { 1024 };
+                // Whisper's named input is its audio features, not image tokens.
+                let min_seq = if spec.inputs.contains_key("pixel_values") {
+                    1024
+                } else {
+                    0
+                };
                 Example {
                     path: rel,
                     src,

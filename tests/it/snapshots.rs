@@ -171,6 +171,8 @@ mod example {
         hf_llava_1_5_7b_hf => "examples/hf/llava-1.5-7b-hf.json",
         hf_qwen2_vl_7b_instruct => "examples/hf/qwen2-vl-7b-instruct.json",
         hf_qwen2_5_vl_7b_instruct => "examples/hf/qwen2.5-vl-7b-instruct.json",
+        hf_whisper_small => "examples/hf/whisper-small.json",
+        hf_whisper_large_v3 => "examples/hf/whisper-large-v3.json",
     }
 }
 
@@ -304,6 +306,7 @@ mod print_model {
         hf_gpt_oss_20b => ["--print-model", "examples/hf/gpt-oss-20b.json"],
         hf_qwen3_30b_a3b => ["--print-model", "examples/hf/qwen3-30b-a3b.json"],
         hf_t5_small => ["--print-model", "examples/hf/t5-small.json"],
+        hf_whisper_small => ["--print-model", "examples/hf/whisper-small.json"],
         hf_c4ai_command_r_v01 => ["--print-model", "examples/hf/c4ai-command-r-v01.json"],
     }
 }
