@@ -52,9 +52,13 @@ pub fn largest_fitting(
             estimate_at(v).map(|r| {
                 let fits = r.budget.as_ref().is_some_and(|b| b.fits);
                 let budget = r.budget.as_ref().map_or(0, |b| b.budget_bytes);
+                // The lines follow the figure the budget checks (on a GPU the device bytes,
+                // whose caching-allocator reserve grows faster with the batch than the tensor
+                // peak), so that they cross the budget where the estimates do.
+                let checked = r.budget.as_ref().map_or(r.total_bytes, |b| b.checked_bytes);
                 (
                     Probe {
-                        total: r.total_bytes,
+                        total: checked,
                         budget,
                         fits,
                     },
@@ -72,11 +76,12 @@ pub const SEARCH_LIMIT: u64 = 1 << 40;
 /// One estimate as the search sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct Probe {
-    /// The estimate's total, in bytes.
+    /// The figure compared with the budget (`Budget::checked_bytes`: the device, reserved or
+    /// allocated bytes, or the tensor peak), in bytes.
     pub total: u64,
     /// The budget, in bytes.
     pub budget: u64,
-    /// Whether the total fits the budget.
+    /// Whether that figure fits the budget.
     pub fits: bool,
 }
 

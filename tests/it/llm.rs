@@ -147,6 +147,38 @@ fn max_batch_is_the_largest_that_fits() {
     assert_eq!(code(&memest(&[&base[..], &["--batch", &next]].concat())), 1);
 }
 
+/// `--max-batch` against the device figure (the default on a GPU: the caching allocator's
+/// reserve and the CUDA context, 3,527,409,664 B more per sequence for Llama-2-7B in inference
+/// at 4,096 tokens, where the tensor peak grows by 2,485,157,888 B): the search's lines follow
+/// the figure checked, so it takes four estimates (1, 2, the crossing, one past it). Batch 18
+/// is 77,455,163,392 B, 19 is 80,982,573,056 B, over 80 GB. Along the tensor peak (whose line
+/// first crosses 80 GB at batch 26) the search took twelve.
+#[test]
+fn max_batch_lines_follow_the_figure_checked() {
+    let src = std::fs::read_to_string(crate::common::path("examples/hf/llama-2-7b.json")).unwrap();
+    let spec = memest::load_spec(&src, memest::spec::Format::Json, memest::hf::Head::Auto).unwrap();
+    let calls = std::cell::Cell::new(0u32);
+    let at = |batch: u64| memest::settings::Overrides {
+        batch: Some(batch),
+        seq: Some(4096),
+        mode: Some(memest::settings::Mode::Infer),
+        ..memest::settings::Overrides::default()
+    };
+    let (v, r) = memest::search::largest_fitting(
+        |b| {
+            calls.set(calls.get() + 1);
+            memest::estimate_spec(&spec, "llama-2-7b", &at(b), Some(80_000_000_000)).ok()
+        },
+        1,
+    )
+    .unwrap();
+    assert_eq!(v, 18);
+    assert_eq!(r.budget.unwrap().checked_bytes, 77_455_163_392);
+    let over = memest::estimate_spec(&spec, "llama-2-7b", &at(19), Some(80_000_000_000)).unwrap();
+    assert_eq!(over.budget.unwrap().checked_bytes, 80_982_573_056);
+    assert_eq!(calls.get(), 4);
+}
+
 /// When even 1 does not fit, the search reports that and exits 1.
 #[test]
 fn max_batch_reports_when_nothing_fits() {
