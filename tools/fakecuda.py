@@ -338,6 +338,9 @@ class SDPAEmulation(TorchFunctionMode):
         emu = self
 
         def scaled_dot_product_attention(query, *args, **kwargs):
+            # (memest's copy) diffusers' `dispatch_attention_fn` passes key and value by name
+            if "key" in kwargs:
+                args = (kwargs.pop("key"), kwargs.pop("value"), *args)
             if isinstance(query, torch.Tensor) and query.device.type == "cuda":
                 return emu._sdpa(query, *args, **kwargs)
             return emu._ORIG(query, *args, **kwargs)

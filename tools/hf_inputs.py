@@ -21,6 +21,9 @@ A case with `"rope_index": true` also passes Qwen2-VL's M-RoPE `position_ids` `[
 computed from the real ids by `model.model.compute_3d_position_ids` (the emulated CUDA run cannot
 compute them on fake tensors).
 
+`float_nobatch` is a float tensor of exactly the shape given, without the batch dimension (Flux's
+`img_ids` `[N, 3]` and `txt_ids` `[T, 3]`, which the model reads once for the whole batch).
+
 `float_flat` is Qwen2-VL's flattened patches: the shape as given, the batch's images already
 concatenated along dim 0 (the caller multiplies by the batch). `grid` repeats one image's
 `(t, h, w)` once per sample.
@@ -31,7 +34,9 @@ them; they are the batch, left out of the saved activations like measure.py's ow
 loss is `out.loss` when the model returns one, else `out[0].sum()`.
 
 A case whose `model` is `diffusers:CLASS` builds `diffusers.CLASS.from_config(case["config"])`
-(diffusers' UNet2DConditionModel: `sample`, `timestep`, `encoder_hidden_states`; SDXL's
+(diffusers' UNet2DConditionModel: `sample`, `timestep`, `encoder_hidden_states`; SD3Transformer2DModel
+and FluxTransformer2DModel: `hidden_states`, `encoder_hidden_states`, `pooled_projections`,
+`timestep`, and Flux's `img_ids`, `txt_ids`, `guidance`; SDXL's
 `added_cond_kwargs` entries `text_embeds` and `time_ids` are named at the top level of `inputs`
 and passed on in that dict by a wrapper without parameters). Its loss is `out.sample.sum()`, or
 with `"loss": "mse"` diffusers' training scripts' `F.mse_loss(out.sample.float(),
@@ -78,6 +83,8 @@ def _tensors(case, dtype, vocab=None):
     for name, spec in case["inputs"].items():
         if isinstance(spec, dict) and "float" in spec:
             kwargs[name] = torch.randn(batch, *spec["float"], dtype=dtype)
+        elif isinstance(spec, dict) and "float_nobatch" in spec:
+            kwargs[name] = torch.randn(*spec["float_nobatch"], dtype=dtype)
         elif isinstance(spec, dict) and "float_flat" in spec:
             rows, cols = spec["float_flat"]
             kwargs[name] = torch.randn(batch * rows, cols, dtype=dtype)

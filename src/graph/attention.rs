@@ -409,3 +409,47 @@ impl MlaCfg {
         Ok(cfg)
     }
 }
+
+/// `F.scaled_dot_product_attention` of three inputs (queries, keys, values), as diffusers'
+/// attention processors call it after building Q, K and V themselves: no projections, no
+/// mask, no dropout.
+///
+/// # Shapes
+/// `dim = 1`: `[B, heads, S, head_dim]` each (keys and values `[B, heads, S_kv, head_dim]`),
+/// output `[B, heads, S, head_dim_v]`; `dim = 2`: `[B, S, heads, head_dim]` each, transposed to
+/// heads-first views and the output transposed back (diffusers' `dispatch_attention_fn`).
+/// No parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SdpaCfg {
+    /// The heads' dimension: 1 or 2.
+    pub heads_dim: usize,
+    /// `is_causal`.
+    pub causal: bool,
+    /// Q and K are rotated first with the last `rotary` layer's tables (Flux's
+    /// `apply_rotary_emb` on the joined queries and keys).
+    pub rotary: bool,
+}
+
+impl SdpaCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let dim = r.or(key!(s.dim), 1);
+        let causal = r.or(key!(s.causal), false);
+        let rotary = r.or(key!(s.rotary), false);
+        r.finish()?;
+        let heads_dim = match dim {
+            1 => 1,
+            2 => 2,
+            d => {
+                return Err(format!(
+                    "`dim` (the heads' dimension) must be 1 ([B, heads, S, head_dim]) or 2 ([B, S, heads, head_dim]), got {d}"
+                ));
+            }
+        };
+        Ok(SdpaCfg {
+            heads_dim,
+            causal,
+            rotary,
+        })
+    }
+}

@@ -123,6 +123,13 @@ pub struct RotaryCfg {
     /// returns the frequencies uncatted) and `_apply_rotary_emb` rotates the two halves of each
     /// head against them (`x1·cos - x2·sin`, `x2·cos + x1·sin`), joined with `torch.cat`.
     pub half_tables: bool,
+    /// Positions past the input's sequence that the tables also cover (Flux: the image tokens
+    /// after the text's, `extra_positions`).
+    pub extra_positions: u64,
+    /// Whether the module registers transformers' `inv_freq` and `original_inv_freq` buffers
+    /// (`inv_freq`, true); diffusers' `FluxPosEmbed` computes its tables from the position ids
+    /// and registers none.
+    pub inv_freq: bool,
 }
 
 impl RotaryCfg {
@@ -136,6 +143,8 @@ impl RotaryCfg {
             upcast: r.or(key!(s.upcast), false),
             local: r.or(key!(s.local), false),
             half_tables: r.or(key!(s.half_tables), false),
+            extra_positions: r.or(key!(s.extra_positions), 0),
+            inv_freq: r.or(key!(s.inv_freq), true),
         };
         r.finish()?;
         if !cfg.head_dim.is_multiple_of(2) {

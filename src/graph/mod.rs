@@ -24,7 +24,7 @@ mod view;
 
 use std::collections::{HashMap, HashSet};
 
-pub use attention::{AttentionCfg, AttnStyle, MlaCfg, MoeCfg, QkNorm};
+pub use attention::{AttentionCfg, AttnStyle, MlaCfg, MoeCfg, QkNorm, SdpaCfg};
 pub use conv::{ConvAxis, ConvCfg};
 pub use einsum::{EinsumCfg, Subscript};
 pub use embed::{
@@ -196,6 +196,8 @@ pub enum Op {
     Rnn(RnnCfg),
     /// `einsum` of two inputs.
     Einsum(EinsumCfg),
+    /// `sdpa` of three inputs.
+    Sdpa(SdpaCfg),
     /// `stochastic_depth`.
     StochasticDepth(StochasticDepthCfg),
     /// T5's `_shift_right` of the labels: a new int64 tensor of the input's shape (the
@@ -393,6 +395,10 @@ fn build_layers(
         } else if let Node::Op(Op::CrossAttention(_)) = &node {
             if inputs.len() != 2 {
                 return Err(fail("`cross_attention` takes two `inputs`: the queries' source and the encoder output, e.g. inputs = [\"ln\", \"encoder\"]".into()));
+            }
+        } else if let Node::Op(Op::Sdpa(_)) = &node {
+            if inputs.len() != 3 {
+                return Err(fail("`sdpa` takes three `inputs`: queries, keys and values, e.g. inputs = [\"q\", \"k\", \"v\"]".into()));
             }
         } else if let Node::Op(Op::Einsum(c)) = &node {
             if inputs.len() != 2 {
@@ -592,6 +598,7 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::Mla => Op::Mla(MlaCfg::read(r)?),
         K::Lstm | K::Gru => Op::Rnn(RnnCfg::read(r)?),
         K::Einsum => Op::Einsum(EinsumCfg::read(r)?),
+        K::Sdpa => Op::Sdpa(SdpaCfg::read(r)?),
         K::StochasticDepth => Op::StochasticDepth(StochasticDepthCfg::read(r)?),
         K::ShiftRight => {
             r.finish()?;

@@ -95,6 +95,11 @@ pub enum RmsStyle {
     /// `Olmo2RMSNorm`: the weight times the float32 normalized input, then cast back
     /// (`(w * x.float() * rsqrt(mean(x²) + eps)).to(x.dtype)`).
     Olmo2,
+    /// PyTorch's `nn.RMSNorm` (`F.rms_norm`, diffusers' Flux attention): on the CPU ATen's
+    /// composite `rms_norm`, which computes as `Olmo2RMSNorm` does; on CUDA the fused
+    /// `_fused_rms_norm` kernel, which keeps the input, the weight and a float32 `rstd`
+    /// `[.., 1]` (`aten/src/ATen/native/layer_norm.cpp`, `derivatives.yaml`).
+    Torch,
 }
 
 /// RMSNorm over the last dimension as transformers computes it; params `H`.
@@ -103,7 +108,7 @@ pub enum RmsStyle {
 /// `x·rsqrt(..)` on the input itself, cast to a 16-bit weight's dtype, times weight.
 /// `GemmaRMSNorm` (`style = "gemma"`): all in float32, times `(1 + weight)`, cast back.
 /// `Olmo2RMSNorm` (`style = "olmo2"`): the weight times the float32 normalized input, cast
-/// back.
+/// back. `nn.RMSNorm` (`style = "torch"`): as `olmo2` on the CPU, one fused kernel on CUDA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RmsNormCfg {
     /// Which implementation.
@@ -120,9 +125,10 @@ impl RmsNormCfg {
             Some(Style::T5) => RmsStyle::T5,
             Some(Style::Gemma) => RmsStyle::Gemma,
             Some(Style::Olmo2) => RmsStyle::Olmo2,
+            Some(Style::Torch) => RmsStyle::Torch,
             Some(other) => {
                 return Err(format!(
-                    "`style` value `{}` does not apply to `rmsnorm`, expected \"llama\", \"t5\", \"gemma\" or \"olmo2\"",
+                    "`style` value `{}` does not apply to `rmsnorm`, expected \"llama\", \"t5\", \"gemma\", \"olmo2\" or \"torch\"",
                     other.as_str()
                 ));
             }

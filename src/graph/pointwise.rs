@@ -187,6 +187,10 @@ pub struct ParameterCfg {
     pub shape: Vec<u64>,
     /// How it joins (`combine`, and `dim` for `concat`).
     pub combine: Combine,
+    /// A float buffer of this shape instead of a parameter (no gradient, counted with the
+    /// buffers); `combine = "add"` reads its leading `shape` elements, copied out when smaller
+    /// (diffusers' `PatchEmbed.cropped_pos_embed`).
+    pub buffer: Option<Vec<u64>>,
 }
 
 impl ParameterCfg {
@@ -195,12 +199,31 @@ impl ParameterCfg {
         let shape = r.req(key!(s.shape), " (the parameter's shape, e.g. [1, 1, 768])");
         let combine = r.opt(key!(s.combine));
         let dim = r.opt(key!(s.dim));
+        let buffer = r.opt(key!(s.buffer));
         r.finish()?;
-        let mut dims = Vec::with_capacity(shape.len());
-        for &d in &shape {
-            match u64::try_from(d) {
-                Ok(v) if v > 0 => dims.push(v),
-                _ => return Err(format!("`shape` dimensions must be positive, got {d}")),
+        let positive = |key: &str, shape: &[i64]| -> Result<Vec<u64>, String> {
+            shape
+                .iter()
+                .map(|&d| match u64::try_from(d) {
+                    Ok(v) if v > 0 => Ok(v),
+                    _ => Err(format!("`{key}` dimensions must be positive, got {d}")),
+                })
+                .collect()
+        };
+        let dims = positive("shape", &shape)?;
+        let buffer = buffer.map(|b| positive("buffer", &b)).transpose()?;
+        if let Some(b) = &buffer {
+            let (n, m) = (
+                dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)),
+                b.iter().try_fold(1u64, |a, &d| a.checked_mul(d)),
+            );
+            if combine.is_some_and(|c| c != CombineKind::Add) {
+                return Err("`buffer` applies only with combine = \"add\"".into());
+            }
+            if n.zip(m).is_none_or(|(n, m)| n > m) {
+                return Err(format!(
+                    "`shape` {dims:?} holds more elements than the `buffer` {b:?} it is cropped from"
+                ));
             }
         }
         let combine = match combine {
@@ -215,6 +238,7 @@ impl ParameterCfg {
         Ok(ParameterCfg {
             shape: dims,
             combine,
+            buffer,
         })
     }
 }
@@ -239,22 +263,32 @@ impl StochasticDepthCfg {
 }
 
 /// Multiplication by a constant (T5's `sequence_output * d_model**-0.5`, Gemma's embedding
-/// normalizer): a new tensor, nothing kept.
+/// normalizer), then the addition of one (`1 + scale`, diffusers' adaptive norms): a new tensor
+/// per operation (`mul.Scalar`, `add.Scalar`), nothing kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScaleCfg {
-    /// The factor (informational; finite).
-    pub factor: f64,
+    /// The factor (informational; finite); `None` when only `offset` is given.
+    pub factor: Option<f64>,
+    /// The constant added after the factor (informational; finite).
+    pub offset: Option<f64>,
 }
 
 impl ScaleCfg {
     pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
         let s = r.spec();
-        let factor = r.req(key!(s.factor), "");
+        let offset = r.opt(key!(s.offset));
+        let factor = if offset.is_some() {
+            r.opt(key!(s.factor))
+        } else {
+            Some(r.req(key!(s.factor), ""))
+        };
         r.finish()?;
-        if !factor.is_finite() {
-            return Err(format!("`factor` must be a finite number, got {factor}"));
+        for (name, v) in [("factor", factor), ("offset", offset)] {
+            if let Some(v) = v.filter(|v| !v.is_finite()) {
+                return Err(format!("`{name}` must be a finite number, got {v}"));
+            }
         }
-        Ok(ScaleCfg { factor })
+        Ok(ScaleCfg { factor, offset })
     }
 }
 

@@ -104,10 +104,12 @@ impl PermuteCfg {
 pub struct NarrowCfg {
     /// Dimension (default 1).
     pub dim: i64,
-    /// First index (default 0).
-    pub start: u64,
-    /// Length.
-    pub length: u64,
+    /// First index (default 0); negative counts from the end (`x[:, -n:]`).
+    pub start: i64,
+    /// Length; `None`: up to `end`, or to the end of the dimension (`x[:, start:]`).
+    pub length: Option<u64>,
+    /// The exclusive end instead of `length`; negative counts from the end (`x[:, :-n]`).
+    pub end: Option<i64>,
 }
 
 impl NarrowCfg {
@@ -116,9 +118,16 @@ impl NarrowCfg {
         let cfg = NarrowCfg {
             dim: r.or(key!(s.dim), 1),
             start: r.or(key!(s.start), 0),
-            length: r.pos(key!(s.length)),
+            length: r.opt(key!(s.length)),
+            end: r.opt(key!(s.end)),
         };
         r.finish()?;
+        if cfg.length.is_some() && cfg.end.is_some() {
+            return Err("give `length` or `end`, not both".into());
+        }
+        if cfg.length == Some(0) {
+            return Err("`length` must be positive, got 0".into());
+        }
         Ok(cfg)
     }
 }

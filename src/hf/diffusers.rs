@@ -27,7 +27,11 @@ use crate::spec::{
 use crate::vocab::AttentionImpl;
 
 /// The `_class_name`s memest builds.
-pub(super) const CLASSES: &[&str] = &["UNet2DConditionModel"];
+pub(super) const CLASSES: &[&str] = &[
+    "FluxTransformer2DModel",
+    "SD3Transformer2DModel",
+    "UNet2DConditionModel",
+];
 
 /// The `UNet2DConditionModel` config keys memest reads (`UNet2DConditionModel.__init__`'s
 /// arguments); unknown keys are ignored.
@@ -209,7 +213,7 @@ fn scale(name: &str, factor: f64) -> LayerSpec {
     }
 }
 
-fn narrow(name: &str, input: &str, start: u64, length: u64) -> LayerSpec {
+fn narrow(name: &str, input: &str, start: i64, length: u64) -> LayerSpec {
     with_inputs(
         LayerSpec {
             dim: Some(-1),
@@ -432,7 +436,8 @@ impl Builder<'_> {
             .ok_or_else(|| self.cfg.err("the feed-forward width overflows".into()))?;
         push(&mut b, linear("ff.net.0.proj", 2 * ff, true));
         push(&mut b, narrow("ff.hidden", "ff.net.0.proj", 0, ff));
-        push(&mut b, narrow("ff.gate", "ff.net.0.proj", ff, ff));
+        let ff_d = dim(self.cfg, "block_out_channels", ff)?;
+        push(&mut b, narrow("ff.gate", "ff.net.0.proj", ff_d, ff));
         push(&mut b, layer(K::Gelu, "ff.gelu"));
         push(
             &mut b,
@@ -963,23 +968,25 @@ pub(super) fn to_spec(
             ));
         }
     };
+    match class {
+        "SD3Transformer2DModel" => {
+            return Ok(dit_spec(class, super::dit::sd3(&cfg, latent)?, loss));
+        }
+        "FluxTransformer2DModel" => {
+            return Ok(dit_spec(class, super::dit::flux(&cfg, latent)?, loss));
+        }
+        _ => {}
+    }
     let mut u = unet(&cfg, latent)?;
     if loss {
-        u.layers.push(LayerSpec {
-            upcast: Some(true),
-            ..layer(K::MseLoss, "loss")
-        });
+        u.layers.push(mse_loss());
     }
     let [c, h, w] = u.sample;
     Ok(ModelSpec {
         name: None,
         description: Some(format!(
             "{class} from a diffusers config, as diffusers 0.42 builds it: the noise prediction for a latent of [{c}, {h}, {w}], {}",
-            if loss {
-                "MSE denoising loss on float32 copies (diffusers' training scripts)"
-            } else {
-                "no loss (the training step backpropagates out.sum())"
-            }
+            loss_note(loss)
         )),
         max_positions: None,
         input: InputSpec {
@@ -995,6 +1002,51 @@ pub(super) fn to_spec(
         layers: u.layers,
         hidden_size: None,
     })
+}
+
+/// `F.mse_loss(model_pred.float(), target.float())`.
+fn mse_loss() -> LayerSpec {
+    LayerSpec {
+        upcast: Some(true),
+        ..layer(K::MseLoss, "loss")
+    }
+}
+
+fn loss_note(loss: bool) -> &'static str {
+    if loss {
+        "MSE denoising loss on float32 copies (diffusers' training scripts)"
+    } else {
+        "no loss (the training step backpropagates out.sum())"
+    }
+}
+
+/// The description of a DiT (`SD3Transformer2DModel`, `FluxTransformer2DModel`): its latent
+/// as the model input, its named inputs, its default text length and SDPA attention.
+fn dit_spec(class: &str, mut d: super::dit::Dit, loss: bool) -> ModelSpec {
+    if loss {
+        d.layers.push(mse_loss());
+    }
+    ModelSpec {
+        name: None,
+        description: Some(format!(
+            "{class} from a diffusers config, as diffusers 0.42 builds it: {}, {}",
+            d.what,
+            loss_note(loss)
+        )),
+        max_positions: None,
+        input: InputSpec {
+            shape: d.input,
+            dtype: None,
+        },
+        inputs: d.inputs,
+        defaults: DefaultsSpec {
+            seq: Some(d.seq),
+            attention: Some(AttentionImpl::Flash),
+            ..Default::default()
+        },
+        layers: d.layers,
+        hidden_size: None,
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod clip;
 mod config;
 mod decoder;
 mod diffusers;
+mod dit;
 mod gpt2;
 mod layers;
 mod llava;
@@ -1040,7 +1041,7 @@ mod tests {
             panic!("expected an import error")
         };
         assert!(
-            m.starts_with("a diffusers AutoencoderKL config: not supported yet (memest reads diffusers configs of class UNet2DConditionModel and"),
+            m.starts_with("a diffusers AutoencoderKL config: not supported yet (memest reads diffusers configs of class FluxTransformer2DModel, SD3Transformer2DModel, UNet2DConditionModel and"),
             "{m}"
         );
         let timm =

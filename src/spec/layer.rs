@@ -138,12 +138,20 @@ pub struct LayerSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub start: Option<u64>,
+    pub start: Option<i64>,
+    /// Narrow: the exclusive end (negative counts from the end: `x[:, :-n]`), instead of
+    /// `length`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub length: Option<u64>,
     // free parameter
     #[serde(skip_serializing_if = "Option::is_none")]
     pub combine: Option<CombineKind>,
+    /// Parameter: a float buffer of this shape (no gradient) from which `shape` is cropped
+    /// (diffusers' `PatchEmbed.cropped_pos_embed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<Vec<i64>>,
     // norms and attention
     #[serde(skip_serializing_if = "Option::is_none")]
     pub style: Option<Style>,
@@ -262,9 +270,19 @@ pub struct LayerSpec {
     /// against them, the halves joined with `torch.cat` (GPT-OSS's `_apply_rotary_emb`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub half_tables: Option<bool>,
+    /// Rotary: positions past the input's sequence that the tables also cover (Flux's image
+    /// tokens after the text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_positions: Option<u64>,
+    /// Rotary: whether the module registers transformers' `inv_freq` buffers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inv_freq: Option<bool>,
     // scale
     #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,
+    /// Scale: a constant added after the factor (`1 + t`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<f64>,
     // loss
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shift: Option<bool>,
@@ -565,6 +583,7 @@ layer_kinds! {
     Lstm => "lstm",
     Gru => "gru",
     Einsum => "einsum",
+    Sdpa => "sdpa" | "scaled_dot_product_attention",
     StochasticDepth => "stochastic_depth",
     ShiftRight => "shift_right",
     Scale => "scale",

@@ -872,3 +872,116 @@ impl Tracer<'_> {
         Ok(y)
     }
 }
+
+impl Tracer<'_> {
+    /// The `sdpa` kind: `F.scaled_dot_product_attention(q, k, v)` on inputs a diffusers
+    /// processor built (see [`crate::graph::SdpaCfg`]). With `dim = 2` the inputs are
+    /// `[B, S, heads, head_dim]` and are transposed to heads-first views (a contiguous input
+    /// becomes the `[B, heads, S, head_dim]` view of a `[B, S, heads, head_dim]` tensor, as
+    /// `dispatch_attention_fn`'s `permute(0, 2, 1, 3)` makes it), and the output is transposed
+    /// back. With `rotary`, Q and K are rotated first ([`Self::rope_apply`]), in their layout as
+    /// given. The kernel is [`Self::sdpa_fused`]'s choice (the CPU's flash kernel, or on CUDA
+    /// the one `sdp_utils.cpp` picks).
+    pub(super) fn sdpa_layer(
+        &mut self,
+        c: &SdpaCfg,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+    ) -> Result<ValueId, Error> {
+        let shape4 = |t: &Self, v: ValueId, what: &str| -> Result<[u64; 4], Error> {
+            let tv = t.val(v);
+            match (tv.shape.dims(), tv.dtype.is_float()) {
+                (&[a, b, c, d], true) => Ok([a, b, c, d]),
+                _ => Err(t.err(format!(
+                    "{what} is {} {}, expected a float rank-4 tensor ({})",
+                    tv.dtype,
+                    tv.shape,
+                    if c.heads_dim == 1 {
+                        "[B, heads, S, head_dim]"
+                    } else {
+                        "[B, S, heads, head_dim]"
+                    }
+                ))),
+            }
+        };
+        let (qs, ks, vs) = (
+            shape4(self, q, "the queries")?,
+            shape4(self, k, "the keys")?,
+            shape4(self, v, "the values")?,
+        );
+        let (h, s) = if c.heads_dim == 1 { (1, 2) } else { (2, 1) };
+        if qs[0] != ks[0]
+            || qs[0] != vs[0]
+            || qs[h] != ks[h]
+            || ks[h] != vs[h]
+            || qs[3] != ks[3]
+            || ks[s] != vs[s]
+        {
+            return Err(self.err(format!(
+                "queries {}, keys {} and values {} do not fit: one batch and head count, equal query and key widths, as many keys as values",
+                self.val(q).shape,
+                self.val(k).shape,
+                self.val(v).shape
+            )));
+        }
+        let (q, k) = if c.rotary {
+            let rope = self.rope.ok_or_else(|| {
+                self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
+            })?;
+            (self.rope_apply(q, rope)?, self.rope_apply(k, rope)?)
+        } else {
+            (q, k)
+        };
+        let heads_first = |t: &mut Self, x: ValueId| -> ValueId {
+            if c.heads_dim == 1 {
+                return x;
+            }
+            let xv = t.val(x).clone();
+            let d = xv.shape.dims();
+            let layout = match xv.layout {
+                Layout::Contiguous => Layout::HeadsTransposed,
+                Layout::HeadsTransposed => Layout::Contiguous,
+                _ => Layout::Strided,
+            };
+            t.view_op(
+                x,
+                Shape::from([d[0], d[2], d[1], d[3]]),
+                layout,
+                AtenOp::Transpose,
+                true,
+            )
+        };
+        let (q, k, v) = (
+            heads_first(self, q),
+            heads_first(self, k),
+            heads_first(self, v),
+        );
+        let cfg = AttentionCfg {
+            style: AttnStyle::Transformers,
+            heads: qs[h],
+            kv_heads: ks[h],
+            head_dim: Some(qs[3]),
+            causal: c.causal,
+            kv_cache: false,
+            bias: false,
+            out_bias: false,
+            fused_qkv: false,
+            chunked: false,
+            rotary: false,
+            dropout: 0.0,
+            qk_norm_style: RmsStyle::Llama,
+            qk_norm: None,
+            position_bias: false,
+            sliding_window: None,
+            softmax_f32: false,
+            // `enable_gqa` is not passed.
+            bool_mask: true,
+            expand_kv: false,
+            softcap: None,
+            sinks: false,
+        };
+        let out = self.sdpa_fused(q, k, v, &cfg, None)?;
+        Ok(heads_first(self, out))
+    }
+}

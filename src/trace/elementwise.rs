@@ -299,6 +299,21 @@ impl Tracer<'_> {
         style: RmsStyle,
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
+        if style == RmsStyle::Torch && self.s.device == Device::Cuda {
+            // `_fused_rms_norm`: the output, and a float32 `rstd` `[.., 1]` it keeps with the
+            // input and the weight.
+            let rg = xv.requires_grad || self.rg(w);
+            let y = self.fresh(xv.shape.clone(), xv.dtype, "output", rg)?;
+            let rstd = self.storage(
+                &xv.shape.with_last(1),
+                DType::Float32,
+                StorageKind::Activation,
+                "rstd",
+            )?;
+            let call = Call::new(AtenOp::FusedRmsNorm, vec![x, w], vec![y]);
+            self.call(call.aux(vec![rstd]).results(vec![rstd]))?;
+            return Ok(y);
+        }
         let h = self.upcast_f32(x)?;
         let hv = self.val(h).clone();
         let sq = self.unary(h, AtenOp::Pow)?;
@@ -339,7 +354,7 @@ impl Tracer<'_> {
                 let out = self.mul(normed, one_plus)?;
                 self.cast(out, xv.dtype)
             }
-            RmsStyle::Olmo2 => {
+            RmsStyle::Olmo2 | RmsStyle::Torch => {
                 let normed = self.mul(h, r)?;
                 let out = self.mul(w, normed)?;
                 self.cast(out, xv.dtype)

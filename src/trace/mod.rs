@@ -43,7 +43,7 @@ use crate::dtype::DType;
 use crate::error::{Error, LayerAt, LayerErrorKind, SettingKey};
 use crate::graph::{
     Activation, AttentionCfg, AttnStyle, Combine, INPUT, InputRef, Layer, MlaCfg, Model, MoeCfg,
-    Node, Op, QkNorm, RmsStyle,
+    Node, Op, QkNorm, RmsStyle, SdpaCfg,
 };
 use crate::settings::{Loss, Settings};
 use crate::shape::Shape;

@@ -121,6 +121,16 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
         "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
         2_567_463_684,
     ),
+    // diffusers SD3Transformer2DModel.from_config on the meta device (diffusers 0.42.1):
+    // stabilityai/stable-diffusion-3-medium's transformer (24 joint blocks of 1536, the last
+    // context_pre_only; the 192² position table is a buffer, not counted).
+    (
+        "examples/hf/stable-diffusion-3-medium-transformer.json",
+        2_028_328_000,
+    ),
+    // black-forest-labs/FLUX.1-dev's transformer (FluxTransformer2DModel): 19 double-stream and
+    // 38 single-stream blocks of 3072, the guidance embedder.
+    ("examples/hf/flux.1-dev-transformer.json", 11_901_408_320),
     // llava-hf/llava-1.5-7b-hf (LlavaForConditionalGeneration): CLIP ViT-L/14-336 tower
     // 303_507_456 (post_layernorm included), projector 1024·4096 + 4096 + 4096² + 4096
     // = 20_979_712, Vicuna-7B (Llama) with a 32064-token vocabulary 6_607_605_760, untied
@@ -815,7 +825,7 @@ fn a_diffusers_config_is_recognised() {
     );
     let err = fails(&[f.arg()]);
     assert!(
-        err.contains("a diffusers AutoencoderKL config: not supported yet (memest reads diffusers configs of class UNet2DConditionModel"),
+        err.contains("a diffusers AutoencoderKL config: not supported yet (memest reads diffusers configs of class FluxTransformer2DModel, SD3Transformer2DModel, UNet2DConditionModel and"),
         "{err}"
     );
 }
@@ -1166,6 +1176,44 @@ fn image_flag_sizes_the_unet_latent() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+/// The DiT transformers: SD3 reads the latent `[16, H/8, W/8]` (its `sample_size` 128 by
+/// default: 1024 pixels) and refuses one past its position table (`pos_embed_max_size` 192
+/// patches: 3072 pixels); Flux reads `(H/16)·(W/16)` packed tokens of 64 channels (1024 × 1024
+/// by default) and refuses sides that do not pack. Both default to the text length their
+/// DreamBooth scripts feed (154 for SD3, 512 for Flux) and take the pooled projections and the
+/// timestep embedding as inputs.
+#[test]
+fn image_flag_sizes_the_dit_latent() {
+    const SD3: &str = "examples/hf/stable-diffusion-3-medium-transformer.json";
+    const FLUX: &str = "examples/hf/flux.1-dev-transformer.json";
+    let sd3 = report(&[SD3]);
+    assert_eq!(sd3["input_shape"], serde_json::json!([1, 16, 128, 128]));
+    assert_eq!(sd3["settings"]["seq"], 154);
+    let wide = report(&[SD3, "--image", "512x768"]);
+    assert_eq!(wide["input_shape"], serde_json::json!([1, 16, 64, 96]));
+    // The 192² float32 position table is a buffer whatever the image: 192²·1536·4.
+    assert_eq!(u(&wide, "buffers_bytes"), 226_492_416);
+    assert!(u(&wide, "activations_bytes") < u(&sd3, "activations_bytes"));
+    let flux = report(&[FLUX]);
+    assert_eq!(flux["input_shape"], serde_json::json!([1, 4096, 64]));
+    assert_eq!(flux["settings"]["seq"], 512);
+    let small = report(&[FLUX, "--image", "512", "--seq", "256"]);
+    assert_eq!(small["input_shape"], serde_json::json!([1, 1024, 64]));
+    for (args, want) in [
+        (
+            &[SD3, "--image", "3088"][..],
+            "a 193×193-patch latent exceeds `pos_embed_max_size` = 192",
+        ),
+        (
+            &[FLUX, "--image", "520"][..],
+            "a 65×65 latent cannot be packed into 2×2 patches",
+        ),
+    ] {
+        let err = fails(args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
 /// `--image`: multimodal and vision configs read it; a fixed-size tower refuses another size,
 /// a text-only config and a memest file refuse it (exit 2, naming the flag).
 #[test]

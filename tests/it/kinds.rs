@@ -960,3 +960,19 @@ fn readme_lists_the_keys_each_kind_reads() {
         );
     }
 }
+
+/// `sdpa` with `dim = 2` (diffusers' `dispatch_attention_fn`: `[B, S, heads, head_dim]`
+/// permuted to heads-first views and back), `narrow` from the end (`x[:, -4:]`, `x[:, :-4]`)
+/// and `scale` with an `offset` (`1 + x`). float32: the CPU flash kernel keeps Q, K and V (the
+/// projections [2, 8, 16], 1024 each: 3072), its output [2, 2, 8, 8]: 1024
+/// (which `to_out` keeps too, through the free `flatten`) and the float32 log-sum-exp
+/// [2, 2, 8]: 128; `proj` keeps a contiguous copy of the strided `x[:, -4:]` [2, 4, 16]: 512;
+/// the product keeps `1 + x[:, :-4]` and `proj`'s output, 512 each. 5760. bfloat16: the
+/// tensors at 2 bytes and the log-sum-exp still float32: 1536 + 512 + 128 + 3·256 = 2944.
+/// Measured with PyTorch 2.15 (the module written out with `F.scaled_dot_product_attention`):
+/// 5760 and 2944. Parameters: 5 · (16·16 + 16) = 1360.
+#[test]
+fn sdpa_of_projected_heads() {
+    check("sdpa", &[], 5760, 1360);
+    check("sdpa", &["--dtype", "bfloat16"], 2944, 1360);
+}

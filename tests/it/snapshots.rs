@@ -168,6 +168,8 @@ mod example {
         hf_c4ai_command_r_v01 => "examples/hf/c4ai-command-r-v01.json",
         hf_stable_diffusion_v1_5_unet => "examples/hf/stable-diffusion-v1-5-unet.json",
         hf_stable_diffusion_xl_base_1_0_unet => "examples/hf/stable-diffusion-xl-base-1.0-unet.json",
+        hf_stable_diffusion_3_medium_transformer => "examples/hf/stable-diffusion-3-medium-transformer.json",
+        hf_flux_1_dev_transformer => "examples/hf/flux.1-dev-transformer.json",
         hf_llava_1_5_7b_hf => "examples/hf/llava-1.5-7b-hf.json",
         hf_qwen2_vl_7b_instruct => "examples/hf/qwen2-vl-7b-instruct.json",
         hf_qwen2_5_vl_7b_instruct => "examples/hf/qwen2.5-vl-7b-instruct.json",

@@ -48,6 +48,8 @@ pub enum AtenOp {
     NativeLayerNorm,
     /// `native_group_norm(input, weight, bias, N, C, HxW, group, eps)`.
     NativeGroupNorm,
+    /// `_fused_rms_norm(input, normalized_shape, weight, eps)`: `F.rms_norm` on CUDA.
+    FusedRmsNorm,
     /// `_softmax(self, dim, half_to_float)`.
     Softmax,
     /// `_log_softmax(self, dim, half_to_float)`.
@@ -272,6 +274,7 @@ impl AtenOp {
             AtenOp::NativeBatchNorm => "native_batch_norm",
             AtenOp::NativeLayerNorm => "native_layer_norm",
             AtenOp::NativeGroupNorm => "native_group_norm",
+            AtenOp::FusedRmsNorm => "_fused_rms_norm",
             AtenOp::Softmax => "_softmax",
             AtenOp::LogSoftmax => "_log_softmax",
             AtenOp::NllLoss => "nll_loss_forward",
@@ -542,6 +545,13 @@ impl AtenOp {
                 &["result0"],
                 &["result1", "result2"],
                 NORM,
+            ),
+            AtenOp::FusedRmsNorm => spec(
+                Some("_fused_rms_norm"),
+                &["input", "weight"],
+                &["result0"],
+                &["result1"],
+                SaveRule::always(&[Input(0), OptionalInput(1), Aux(0)]),
             ),
             AtenOp::NativeGroupNorm => spec(
                 Some("native_group_norm"),

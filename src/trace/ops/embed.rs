@@ -208,10 +208,16 @@ impl Tracer<'_> {
         let (batch, seq, _) = self.bsh(&xv)?;
         let half = c.head_dim / 2;
         let bdt = self.param_dtype();
-        self.buffer(Shape::from([half]), bdt, "inv_freq")?;
-        self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
+        if c.inv_freq {
+            self.buffer(Shape::from([half]), bdt, "inv_freq")?;
+            self.buffer(Shape::from([half]), bdt, "original_inv_freq")?;
+        }
         // cos and sin, [1, S, head_dim] (per sample: [B, S, head_dim]; GPT-OSS's half tables
-        // [1, S, head_dim/2]) in the activation dtype, shared by every layer.
+        // [1, S, head_dim/2]) in the activation dtype, shared by every layer; S counts the
+        // `extra_positions` too.
+        let seq = seq
+            .checked_add(c.extra_positions)
+            .ok_or_else(|| Error::Overflow("the rotary table length".into()))?;
         let width = if c.half_tables { half } else { c.head_dim };
         let table = Shape::from([if c.per_sample { batch } else { 1 }, seq, width]);
         let dt = if self.s.amp.is_some() || c.tables_f32 {

@@ -112,9 +112,21 @@ impl Tracer<'_> {
             Op::Mla(c) => self.mla(x, c, train),
             Op::Rnn(c) => self.rnn(c, x, train),
             Op::Einsum(c) => self.einsum(c, inputs[0], inputs[1]),
+            Op::Sdpa(c) => self.sdpa_layer(c, inputs[0], inputs[1], inputs[2]),
             Op::StochasticDepth(c) => self.stochastic_depth(c, x),
             Op::ShiftRight => self.shift_right(x),
-            Op::Scale(_) => self.unary(x, AtenOp::MulScalar),
+            Op::Scale(c) => {
+                let y = if c.factor.is_some() {
+                    self.unary(x, AtenOp::MulScalar)?
+                } else {
+                    x
+                };
+                if c.offset.is_some() {
+                    self.unary(y, AtenOp::AddScalar)
+                } else {
+                    Ok(y)
+                }
+            }
             Op::CrossEntropy(c) => self.cross_entropy(x, c.shift, c.upcast),
             Op::MseLoss(c) => self.mse_loss(x, c.upcast),
         }

@@ -49,6 +49,24 @@ impl Tracer<'_> {
             self.param(Shape::new(c.shape.clone()), false)?;
             return Ok(x);
         }
+        if let Some(full) = &c.buffer {
+            // A buffer (diffusers' `pos_embed`): the add reads it, or a crop copy of its
+            // leading elements when it is larger than `shape`.
+            self.shaped(parameter_shape(c, &xv.shape))?;
+            let full = Shape::new(full.clone());
+            let dt = self.param_dtype();
+            let b = self.buffer(full.clone(), dt, "buffer")?;
+            let bv = self.value(b, full.clone(), dt, Layout::Contiguous, false, false);
+            let part = Shape::new(c.shape.clone());
+            let read = if part.numel() == full.numel() {
+                self.view_op(bv, part, Layout::Contiguous, AtenOp::View, false)
+            } else {
+                let crop = self.fresh(part, dt, "cropped buffer", false)?;
+                self.call(Call::new(AtenOp::Clone, vec![bv], vec![crop]))?;
+                crop
+            };
+            return self.add(&[x, read], false);
+        }
         let p = self.param(Shape::new(c.shape.clone()), train)?;
         match c.combine {
             Combine::Add => {
@@ -229,16 +247,19 @@ mod tests {
         let add = ParameterCfg {
             shape: vec![1, 197, 768],
             combine: Combine::Add,
+            buffer: None,
         };
         assert!(parameter_shape(&add, &x).is_ok());
         let cls = ParameterCfg {
             shape: vec![1, 1, 768],
             combine: Combine::Concat(1),
+            buffer: None,
         };
         assert_eq!(parameter_shape(&cls, &x), Ok(Shape::from([4, 1, 768])));
         let bad = ParameterCfg {
             shape: vec![2, 768],
             combine: Combine::Mul,
+            buffer: None,
         };
         assert!(parameter_shape(&bad, &x).is_err());
     }

@@ -73,7 +73,29 @@ pub(super) fn permute_shape(c: &PermuteCfg, x: &Shape) -> Result<Shape, ShapeErr
 pub(super) fn narrow_shape(c: &NarrowCfg, x: &Shape) -> Result<(usize, Shape), ShapeError> {
     let a = batch_kept(axis(c.dim, x.rank())?, "narrow")?;
     let size = x.dims()[a];
-    let (start, length) = (c.start, c.length);
+    let start = if c.start >= 0 {
+        Some(c.start.unsigned_abs())
+    } else {
+        size.checked_sub(c.start.unsigned_abs())
+    };
+    let Some(start) = start else {
+        return invalid(format!(
+            "narrow from {} is out of range for dimension {} of size {size} (input {x})",
+            c.start, c.dim
+        ));
+    };
+    let end = match c.end {
+        None => Some(size),
+        Some(e) if e >= 0 => Some(e.unsigned_abs()),
+        Some(e) => size.checked_sub(e.unsigned_abs()),
+    };
+    let rest = end.and_then(|e| e.checked_sub(start)).filter(|&l| l > 0);
+    let Some(length) = c.length.or(rest) else {
+        return invalid(format!(
+            "narrow from {start} leaves nothing of dimension {} of size {size} (input {x})",
+            c.dim
+        ));
+    };
     if start.checked_add(length).is_none_or(|end| end > size) {
         return invalid(format!(
             "narrow {start}..{start}+{length} is out of range for dimension {} of size {size} (input {x})",
@@ -150,7 +172,7 @@ impl Tracer<'_> {
     pub(super) fn narrow(&mut self, c: &NarrowCfg, x: ValueId) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let (a, shape) = self.shaped(narrow_shape(c, &xv.shape))?;
-        let layout = if c.length == xv.shape.dims()[a] {
+        let layout = if shape.dims()[a] == xv.shape.dims()[a] {
             xv.layout
         } else {
             Layout::Strided
@@ -219,7 +241,8 @@ mod tests {
         let n = NarrowCfg {
             dim: -1,
             start: 1,
-            length: 2,
+            length: Some(2),
+            end: None,
         };
         assert_eq!(narrow_shape(&n, &x), Ok((2, Shape::from([2, 3, 2]))));
         let t = TransposeCfg { a: 1, b: 2 };
