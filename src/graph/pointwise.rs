@@ -301,3 +301,27 @@ impl CrossEntropyCfg {
         Ok(cfg)
     }
 }
+
+/// The all-ones padding mask a DeBERTa-v2 model makes when it is given none
+/// (`DebertaV2Model.forward`: `attention_mask = torch.ones(input_shape)`, float32 `[B, S]`, held
+/// until the model returns) multiplied into `[B, S, H]` (`DebertaV2Embeddings`: `embeddings *
+/// mask.unsqueeze(2).to(embeddings.dtype)`): the product keeps the mask (a copy in the
+/// activation dtype when that is not float32). With `ids_buffer` the module also holds an int64
+/// `[1, ids_buffer]` `position_ids` buffer that no position table reads
+/// (`position_biased_input = false`). No params.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaddingMaskCfg {
+    /// Length of the unread int64 id buffer (0 for none).
+    pub ids_buffer: u64,
+}
+
+impl PaddingMaskCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = PaddingMaskCfg {
+            ids_buffer: r.or(key!(s.ids_buffer), 0),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}

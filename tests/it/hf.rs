@@ -53,6 +53,14 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // roberta-base (masked LM): 514 positions, one token type, lm_head tied with its bias.
     ("examples/hf/roberta-base.json", 124_697_433),
     ("examples/hf/xlm-roberta-base.json", 278_295_186),
+    // microsoft/deberta-v3-base as the Hub serves it (written from its published values: no
+    // `architectures`, so the bare DebertaV2Model): 128100·768 word embeddings, 512 relative
+    // embeddings (2·position_buckets) with their LayerNorm, 12 layers of disentangled attention
+    // with shared relative keys (`share_att_key`); no position table (transformers 5.24 on the
+    // meta device).
+    ("examples/hf/deberta-v3-base.json", 183_831_552),
+    // microsoft/deberta-v3-large: 24 layers of 1024, 16 heads, FFN 4096.
+    ("examples/hf/deberta-v3-large.json", 434_012_160),
     // StarCoder (GPT-BigCode): multi-query c_attn 6144·(6144 + 2·128) + bias, n_inner 24576.
     ("examples/hf/starcoder.json", 15_517_456_384),
     // mt5-small: transformers 5 ties its LM head to `shared` whatever the config says.
@@ -223,6 +231,25 @@ fn head_flag_picks_another_head() {
             7_568_413_696,
         ),
         (&["examples/hf/t5-small.json", "--head", "none"], 60_506_624),
+        // DebertaV2ForMaskedLM: the legacy `cls.predictions` head (dense, LayerNorm, decoder
+        // tied to the word embeddings, one [vocab] bias); …ForSequenceClassification: the
+        // ContextPooler's dense and the classifier (transformers 5.24 on the meta device).
+        (
+            &["examples/hf/deberta-v3-base.json", "--head", "lm"],
+            184_551_780,
+        ),
+        (
+            &[
+                "examples/hf/deberta-v3-base.json",
+                "--head",
+                "classification",
+            ],
+            184_423_682,
+        ),
+        (
+            &["examples/hf/deberta-v3-large.json", "--head", "lm"],
+            435_191_908,
+        ),
         (
             &["examples/hf/t5-small.json", "--head", "classification"],
             60_770_306,
@@ -860,6 +887,7 @@ fn memest_models_matches_the_readme() {
         "bloom",
         "roberta",
         "xlm-roberta",
+        "deberta-v2",
         "llama",
     ] {
         assert!(types.contains(t), "{t} missing from {text}");
