@@ -183,6 +183,8 @@ pub(super) struct DebertaV2Config {
     pub embedding_size: Option<u64>,
     pub attention_head_size: Option<u64>,
     pub conv_kernel_size: Option<u64>,
+    pub conv_groups: Option<u64>,
+    pub conv_act: Option<String>,
     pub pooler_dropout: Option<f64>,
     pub pooler_hidden_act: Option<String>,
     pub pooler_hidden_size: Option<u64>,

@@ -6,18 +6,18 @@ use super::Resolved;
 use super::config::{Cfg, DebertaV2Config, prob};
 use super::layers::{
     activation, add, cross_entropy, embedding, layer, layernorm, linear, module_path, push,
-    push_dropout, repeat,
+    push_dropout, repeat, with_inputs,
 };
 use crate::error::Error;
-use crate::spec::{CombineKind, LayerKind as K, LayerSpec};
+use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes};
 
 /// Builds DeBERTa-v2 as `modeling_deberta_v2.py` does, with `DebertaV2Config`'s defaults for
 /// the keys a config leaves out; returns the layers and `max_position_embeddings`.
 ///
-/// Refused: `relative_attention = false` (content-only attention with DeBERTa's scaling is not
-/// modelled), the encoder's convolution (`conv_kernel_size > 0`, DeBERTa-v2-xlarge and
-/// -xxlarge), a `pos_att_type` naming neither `c2p` nor `p2c`, and a pooler width other than
-/// `hidden_size`.
+/// With `conv_kernel_size > 0` (DeBERTa-v2-xlarge and -xxlarge) the encoder's `ConvLayer` runs
+/// after layer 0. Refused: `relative_attention = false` (content-only attention with DeBERTa's
+/// scaling is not modelled), a `pos_att_type` naming neither `c2p` nor `p2c`, and widths
+/// transformers cannot run (`attention_head_size`, `pooler_hidden_size`).
 #[allow(clippy::too_many_lines)] // the embeddings, the layer and the three heads, in order
 pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
     let c: DebertaV2Config = cfg.read()?;
@@ -42,10 +42,12 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
             "DeBERTa without relative attention (`relative_attention = false`) is not supported (every published DeBERTa-v2/v3 config sets it)".into(),
         ));
     }
-    if let Some(k) = c.conv_kernel_size.filter(|&k| k > 0) {
+    let conv = c.conv_kernel_size.filter(|&k| k > 0);
+    let conv_groups = cfg.required("conv_groups", c.conv_groups.or(Some(1)))?;
+    if conv.is_some() && !hidden.is_multiple_of(conv_groups) {
         return Err(cfg.field_err(
-            "conv_kernel_size",
-            format!("the encoder's convolution layer (`conv_kernel_size = {k}`, DeBERTa-v2-xlarge/xxlarge) is not supported yet"),
+            "conv_groups",
+            format!("`conv_groups` ({conv_groups}) must divide `hidden_size` ({hidden})"),
         ));
     }
     let types_of = c
@@ -145,7 +147,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
             ..layer(K::PaddingMask, &p("embeddings.mask"))
         },
     );
-    push_dropout(&mut out, &p("embeddings.dropout"), hidden_p, prev);
+    let embedded = push_dropout(&mut out, &p("embeddings.dropout"), hidden_p, prev);
     push(
         &mut out,
         LayerSpec {
@@ -193,10 +195,48 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     let prev = push_dropout(&mut body, "output.dropout", hidden_p, prev);
     push(&mut body, add("output.residual", &attn_ln, &prev));
     push(&mut body, layernorm("output.LayerNorm"));
-    push(
-        &mut out,
-        repeat(&p("encoder.layer"), "num_hidden_layers", n_layers, body),
-    );
+    match conv {
+        None => {
+            push(
+                &mut out,
+                repeat(&p("encoder.layer"), "num_hidden_layers", n_layers, body),
+            );
+        }
+        Some(kernel) => {
+            // DebertaV2Encoder runs ConvLayer after layer 0, on the embeddings' output, with
+            // layer 0's output as the residual.
+            let first = push(
+                &mut out,
+                repeat(&p("encoder.layer.0"), "num_hidden_layers", 1, body.clone()),
+            );
+            let act = c.conv_act.as_deref().unwrap_or("tanh");
+            conv_layer(
+                &mut out,
+                cfg,
+                &p,
+                ConvLayer {
+                    embedded: &embedded,
+                    residual: &first,
+                    hidden,
+                    kernel,
+                    groups: conv_groups,
+                    act,
+                    dropout: hidden_p,
+                },
+            )?;
+            if n_layers > 1 {
+                push(
+                    &mut out,
+                    repeat(
+                        &p(&format!("encoder.layer.1-{}", n_layers - 1)),
+                        "num_hidden_layers",
+                        n_layers - 1,
+                        body,
+                    ),
+                );
+            }
+        }
+    }
 
     match head {
         Resolved::Bare => {}
@@ -311,4 +351,94 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
         }
     }
     Ok((out, positions))
+}
+
+/// What `ConvLayer` reads: the embeddings' output, layer 0's output, its sizes.
+struct ConvLayer<'a> {
+    embedded: &'a str,
+    residual: &'a str,
+    hidden: u64,
+    kernel: u64,
+    groups: u64,
+    act: &'a str,
+    dropout: f64,
+}
+
+/// `ConvLayer.forward`: `conv(hidden_states.permute(0, 2, 1).contiguous())` (a `Conv1d` of
+/// `kernel`, padding `(kernel − 1) // 2`, `groups`), `.permute(0, 2, 1).contiguous()`,
+/// `masked_fill_` of the padded positions, dropout, `conv_act`, the residual sum with layer 0's
+/// output, LayerNorm, and the product with the padding mask.
+fn conv_layer(
+    out: &mut Vec<LayerSpec>,
+    cfg: &Cfg,
+    p: &impl Fn(&str) -> String,
+    c: ConvLayer<'_>,
+) -> Result<(), Error> {
+    let hidden = i64::try_from(c.hidden).unwrap_or(i64::MAX);
+    push(
+        out,
+        with_inputs(
+            LayerSpec {
+                dims: Some(vec![0, 2, 1]),
+                ..layer(K::Permute, &p("encoder.conv.permute"))
+            },
+            &[c.embedded],
+        ),
+    );
+    push(
+        out,
+        LayerSpec {
+            shape: Some(vec![hidden, -1]),
+            note: Some(".contiguous()".into()),
+            ..layer(K::Reshape, &p("encoder.conv.contiguous"))
+        },
+    );
+    push(
+        out,
+        LayerSpec {
+            out_channels: Some(c.hidden),
+            kernel: Some(Sizes(vec![c.kernel])),
+            padding: Some(Sizes(vec![(c.kernel - 1) / 2])),
+            groups: (c.groups > 1).then_some(c.groups),
+            ..layer(K::Conv1d, &p("encoder.conv.conv"))
+        },
+    );
+    push(
+        out,
+        LayerSpec {
+            dims: Some(vec![0, 2, 1]),
+            ..layer(K::Permute, &p("encoder.conv.permute_back"))
+        },
+    );
+    push(
+        out,
+        LayerSpec {
+            shape: Some(vec![-1, hidden]),
+            note: Some(".contiguous()".into()),
+            ..layer(K::Reshape, &p("encoder.conv.contiguous_back"))
+        },
+    );
+    let prev = push(
+        out,
+        LayerSpec {
+            fill: Some(true),
+            note: Some("out.masked_fill_((1 - input_mask).bool(), 0)".into()),
+            ..layer(K::PaddingMask, &p("encoder.conv.mask"))
+        },
+    );
+    push_dropout(out, &p("encoder.conv.dropout"), c.dropout, prev);
+    let act = push(
+        out,
+        activation(cfg, "conv_act", c.act, &p("encoder.conv.conv_act"))?,
+    );
+    push(out, add(&p("encoder.conv.residual"), c.residual, &act));
+    push(out, layernorm(&p("encoder.conv.LayerNorm")));
+    push(
+        out,
+        LayerSpec {
+            note: Some("output * input_mask".into()),
+            ..layer(K::PaddingMask, &p("encoder.conv.output_mask"))
+        },
+    );
+    Ok(())
 }

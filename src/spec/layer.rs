@@ -251,6 +251,9 @@ pub struct LayerSpec {
     /// Relative embeddings: a LayerNorm on the table (`norm_rel_ebd = "layer_norm"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub norm: Option<bool>,
+    /// Padding mask: `masked_fill_` of the padded positions in place instead of the product.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill: Option<bool>,
     // rotary
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concat: Option<bool>,

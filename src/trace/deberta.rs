@@ -23,8 +23,10 @@ pub(super) struct DebertaRel {
 impl Tracer<'_> {
     /// `DebertaV2Embeddings`' `embeddings * mask` with the all-ones float32 `[B, S]` mask that
     /// `DebertaV2Model.forward` makes (`torch.ones(input_shape)`, a local until the model
-    /// returns), unsqueezed to `[B, S, 1]` and cast to the activation dtype (`mask.to(dtype)`:
-    /// a new tensor unless float32); `mul` keeps it for the embeddings' gradient. See
+    /// returns; made by the first `padding_mask`, read by the others), unsqueezed to
+    /// `[B, S, 1]` and cast to the activation dtype (`mask.to(dtype)`: a new tensor unless
+    /// float32); `mul` keeps it for the embeddings' gradient. With `fill`, `ConvLayer`'s
+    /// `masked_fill_` of `(1 - mask).bool()` in place, which keeps the bool mask. See
     /// [`PaddingMaskCfg`].
     pub(super) fn padding_mask(
         &mut self,
@@ -42,14 +44,42 @@ impl Tracer<'_> {
         if c.ids_buffer > 0 {
             self.buffer(Shape::from([1, c.ids_buffer]), DType::Int64, "position ids")?;
         }
-        let ones = self.storage(
-            &Shape::from([b, s]),
-            DType::Float32,
-            StorageKind::Activation,
-            "all-ones attention mask",
-        )?;
-        self.call(Call::new(AtenOp::Ones, Vec::new(), Vec::new()).allocs(vec![ones]))?;
-        self.tape.forward_held.push(ones);
+        let ones = match self.padding_ones {
+            Some(ones) if self.tape.storages[ones].shape.dims() == [b, s] => ones,
+            _ => {
+                let ones = self.storage(
+                    &Shape::from([b, s]),
+                    DType::Float32,
+                    StorageKind::Activation,
+                    "all-ones attention mask",
+                )?;
+                self.call(Call::new(AtenOp::Ones, Vec::new(), Vec::new()).allocs(vec![ones]))?;
+                self.tape.forward_held.push(ones);
+                self.padding_ones = Some(ones);
+                ones
+            }
+        };
+        if c.fill {
+            // `rmask = (1 - input_mask).bool()`, then `out.masked_fill_(rmask…, 0)`.
+            let shape = Shape::from([b, s]);
+            let ones_v = self.value(
+                ones,
+                shape.clone(),
+                DType::Float32,
+                Layout::Contiguous,
+                false,
+                false,
+            );
+            let diff = self.storage(&shape, DType::Float32, StorageKind::Activation, "1 - mask")?;
+            let rmask = self.fresh(shape, DType::Bool, "inverted padding mask", false)?;
+            self.call(
+                Call::new(AtenOp::InvertPaddingMask, vec![ones_v], vec![rmask]).allocs(vec![diff]),
+            )?;
+            let y = self.view_of(x, xv.shape.clone(), Layout::Contiguous);
+            let rmask = self.sid(rmask);
+            self.call(Call::new(AtenOp::MaskedFillInplace, vec![x], vec![y]).aux(vec![rmask]))?;
+            return Ok(y);
+        }
         let shape = Shape::from([b, s, 1]);
         let mask = self.value(
             ones,

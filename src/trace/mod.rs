@@ -115,6 +115,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         quantized: std::collections::HashSet::new(),
         position_bias: None,
         deberta: None,
+        padding_ones: None,
         lora_matched: Vec::new(),
         lora_modules: Vec::new(),
         tp: tp::Tp::of(settings.parallel.as_ref()),
@@ -301,6 +302,8 @@ struct Tracer<'a> {
     position_bias: Option<ValueId>,
     /// DeBERTa-v2's relative embeddings, positions and mask (the last `relative_embeddings`).
     deberta: Option<deberta::DebertaRel>,
+    /// DeBERTa-v2's all-ones `[B, S]` attention mask, made by the first `padding_mask`.
+    padding_ones: Option<StorageId>,
     /// Per `--lora-targets` entry, whether it matched a projection so far.
     lora_matched: Vec<bool>,
     /// The projections and linear layers seen (last name segment; `q`, `k`, `v`, `o` for

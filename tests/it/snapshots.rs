@@ -148,6 +148,7 @@ mod example {
         hf_xlm_roberta_base => "examples/hf/xlm-roberta-base.json",
         hf_deberta_v3_base => "examples/hf/deberta-v3-base.json",
         hf_deberta_v3_large => "examples/hf/deberta-v3-large.json",
+        hf_deberta_v2_xlarge => "examples/hf/deberta-v2-xlarge.json",
         hf_starcoder => "examples/hf/starcoder.json",
         hf_mt5_small => "examples/hf/mt5-small.json",
         hf_qwen3_30b_a3b => "examples/hf/qwen3-30b-a3b.json",

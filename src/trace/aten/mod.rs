@@ -163,6 +163,11 @@ pub enum AtenOp {
     /// `masked_fill.Scalar(self, mask, value)`: its backward is `grad.masked_fill(mask, 0)`,
     /// keeping the mask.
     MaskedFill,
+    /// `masked_fill_.Scalar(self, mask, value)`: in place, keeping the mask as `masked_fill`.
+    MaskedFillInplace,
+    /// Composite: `(1 - input_mask).bool()` of a float padding mask (DeBERTa-v2's
+    /// `ConvLayer`): a float temporary and the bool result, never recorded.
+    InvertPaddingMask,
     /// `repeat(self, repeats)`: its backward sums over the repeats (sizes only).
     Repeat,
     /// `bitwise_not(self)` of a boolean mask (`~mask`): integer, never recorded.
@@ -349,6 +354,8 @@ impl AtenOp {
             AtenOp::Index => "index.Tensor",
             AtenOp::Gather => "gather",
             AtenOp::MaskedFill => "masked_fill.Scalar",
+            AtenOp::MaskedFillInplace => "masked_fill_.Scalar",
+            AtenOp::InvertPaddingMask => "invert_padding_mask",
             AtenOp::Repeat => "repeat",
             AtenOp::BitwiseNot => "bitwise_not",
             AtenOp::Ones => "ones",
@@ -501,6 +508,7 @@ impl AtenOp {
                 | AtenOp::SiluInplace
                 | AtenOp::AddInplace
                 | AtenOp::DivInplace
+                | AtenOp::MaskedFillInplace
         )
     }
 
@@ -719,7 +727,7 @@ impl AtenOp {
                 &["index"],
                 SaveRule::always(&[Input(0), Aux(0)]),
             ),
-            AtenOp::MaskedFill => spec(
+            AtenOp::MaskedFill | AtenOp::MaskedFillInplace => spec(
                 Some("masked_fill.Scalar"),
                 &["self"],
                 &["result"],
@@ -732,7 +740,8 @@ impl AtenOp {
             | AtenOp::Ones
             | AtenOp::BuildRelativePosition
             | AtenOp::GetAttentionMask
-            | AtenOp::RelativeIndex => plain(&["self"]),
+            | AtenOp::RelativeIndex
+            | AtenOp::InvertPaddingMask => plain(&["self"]),
             AtenOp::Embedding => spec(
                 Some("embedding"),
                 &["weight", "indices"],
