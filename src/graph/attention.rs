@@ -453,3 +453,60 @@ impl SdpaCfg {
         })
     }
 }
+
+/// DeBERTa-v2's disentangled self-attention (`DisentangledSelfAttention` in transformers'
+/// `models/deberta_v2/modeling_deberta_v2.py`) and its output projection
+/// (`attention.output.dense`), on `[B, S, H]`: `query_proj`, `key_proj`, `value_proj`
+/// (`H → heads·head_dim`, biased), the content scores `q·(kᵀ / √(head_dim·f))` with `f = 1 +
+/// c2p + p2c`, plus the relative scores: the relative embeddings of the last
+/// `relative_embeddings` layer (`[2·span, H]`, dropped out with `pos_dropout`) projected per head
+/// (`pos_key_proj`/`pos_query_proj`, or `key_proj`/`query_proj` again with `share_att_key`) and
+/// repeated over the batch; content-to-position `gather(q·pos_kᵀ, -1, c2p_pos)` and
+/// position-to-content `gather(k·pos_qᵀ, -1, p2c_pos)ᵀ`, each divided by the scale. The sum
+/// is masked (`masked_fill` of the inverted `[B, 1, S, S]` mask), soft-maxed, dropped out and
+/// applied to the values; the heads are merged and projected back to `H`.
+///
+/// Params: `4·(H·heads·head_dim) + 3·heads·head_dim + H`, plus `H·heads·head_dim +
+/// heads·head_dim` for each of `pos_key_proj` (c2p) and `pos_query_proj` (p2c) without
+/// `share_att_key`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DisentangledAttentionCfg {
+    /// Heads.
+    pub heads: u64,
+    /// Head dimension (default `H / heads`; transformers' `attention_head_size`).
+    pub head_dim: Option<u64>,
+    /// Content-to-position scores.
+    pub c2p: bool,
+    /// Position-to-content scores.
+    pub p2c: bool,
+    /// The relative embeddings go through `query_proj`/`key_proj` (`share_att_key`).
+    pub share_att_key: bool,
+    /// Relative distance span (`pos_ebd_size`: `position_buckets`, or `max_relative_positions`):
+    /// the relative embeddings have `2·span` rows.
+    pub span: u64,
+    /// Dropout on the attention probabilities (training only).
+    pub dropout: f64,
+    /// Dropout on the relative embeddings (`pos_dropout`, `hidden_dropout_prob`).
+    pub pos_dropout: f64,
+}
+
+impl DisentangledAttentionCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = DisentangledAttentionCfg {
+            heads: r.pos(key!(s.heads)),
+            head_dim: r.pos_opt(key!(s.head_dim)),
+            c2p: r.or(key!(s.c2p), true),
+            p2c: r.or(key!(s.p2c), true),
+            share_att_key: r.or(key!(s.share_att_key), false),
+            span: r.pos(key!(s.num_positions)),
+            dropout: r.prob(key!(s.dropout), 0.0),
+            pos_dropout: r.prob(key!(s.pos_dropout), 0.0),
+        };
+        r.finish()?;
+        if !cfg.c2p && !cfg.p2c {
+            return Err("`c2p` and `p2c` are both false: give at least one relative score (for attention without relative positions use `attention`)".into());
+        }
+        Ok(cfg)
+    }
+}

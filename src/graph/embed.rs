@@ -179,3 +179,35 @@ impl RelativePositionBiasCfg {
         Ok(cfg)
     }
 }
+
+/// DeBERTa-v2's encoder-level relative-position inputs (`DebertaV2Encoder`): the
+/// `rel_embeddings` table `[2·num_positions, H]` (params `2·num_positions·H`), optionally
+/// layer-normalized (`norm`: `norm_rel_ebd = "layer_norm"`, params `2·H`), the int64
+/// `[1, S, S]` relative positions (`build_relative_position`, log-bucketed with
+/// `num_buckets`) and the float32 `[B, 1, S, S]` attention mask built from the all-ones
+/// `[B, S]` mask (`get_attention_mask`), which later `disentangled_attention` layers read. Passes
+/// its input through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelativeEmbeddingsCfg {
+    /// Relative distance span (`position_buckets`, or `max_relative_positions`): the table has
+    /// twice as many rows.
+    pub span: u64,
+    /// Log-bucketed positions (`position_buckets > 0`): `make_log_bucket_position`'s float
+    /// temporaries while the positions are built.
+    pub buckets: bool,
+    /// A LayerNorm on the table.
+    pub norm: bool,
+}
+
+impl RelativeEmbeddingsCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = RelativeEmbeddingsCfg {
+            span: r.pos(key!(s.num_positions)),
+            buckets: r.or(key!(s.num_buckets), 0) > 0,
+            norm: r.or(key!(s.norm), false),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}

@@ -24,17 +24,20 @@ mod view;
 
 use std::collections::{HashMap, HashSet};
 
-pub use attention::{AttentionCfg, AttnStyle, MlaCfg, MoeCfg, QkNorm, SdpaCfg};
+pub use attention::{
+    AttentionCfg, AttnStyle, DisentangledAttentionCfg, MlaCfg, MoeCfg, QkNorm, SdpaCfg,
+};
 pub use conv::{ConvAxis, ConvCfg};
 pub use einsum::{EinsumCfg, Subscript};
 pub use embed::{
-    EmbeddingCfg, PositionEmbeddingCfg, RelativePositionBiasCfg, RotaryCfg, TokenTypeEmbeddingCfg,
+    EmbeddingCfg, PositionEmbeddingCfg, RelativeEmbeddingsCfg, RelativePositionBiasCfg, RotaryCfg,
+    TokenTypeEmbeddingCfg,
 };
 pub use linear::LinearCfg;
 pub use norm::{BatchNormCfg, GroupNormCfg, LayerNormCfg, RmsNormCfg, RmsStyle};
 pub use pointwise::{
-    Activation, AddCfg, Combine, ConcatCfg, CrossEntropyCfg, DropoutCfg, MseLossCfg, ParameterCfg,
-    ScaleCfg, SoftmaxCfg, StochasticDepthCfg,
+    Activation, AddCfg, Combine, ConcatCfg, CrossEntropyCfg, DropoutCfg, MseLossCfg,
+    PaddingMaskCfg, ParameterCfg, ScaleCfg, SoftmaxCfg, StochasticDepthCfg,
 };
 pub use pool::{AdaptiveAvgPool2dCfg, AvgPool2dCfg, MaxPool2dCfg};
 pub use resize::{PadCfg, UpsampleCfg, UpsampleTo};
@@ -188,6 +191,12 @@ pub enum Op {
     CrossAttention(AttentionCfg),
     /// `relative_position_bias`.
     RelativePositionBias(RelativePositionBiasCfg),
+    /// `relative_embeddings` (DeBERTa-v2's encoder-level relative positions).
+    RelativeEmbeddings(RelativeEmbeddingsCfg),
+    /// `disentangled_attention` (DeBERTa-v2).
+    DisentangledAttention(DisentangledAttentionCfg),
+    /// `padding_mask` (DeBERTa-v2's embeddings times the all-ones mask).
+    PaddingMask(PaddingMaskCfg),
     /// `moe`.
     Moe(MoeCfg),
     /// `mla` (multi-head latent attention).
@@ -594,6 +603,9 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
         K::Attention => Op::Attention(AttentionCfg::read(r)?),
         K::CrossAttention => Op::CrossAttention(AttentionCfg::read_cross(r)?),
         K::RelativePositionBias => Op::RelativePositionBias(RelativePositionBiasCfg::read(r)?),
+        K::RelativeEmbeddings => Op::RelativeEmbeddings(RelativeEmbeddingsCfg::read(r)?),
+        K::DisentangledAttention => Op::DisentangledAttention(DisentangledAttentionCfg::read(r)?),
+        K::PaddingMask => Op::PaddingMask(PaddingMaskCfg::read(r)?),
         K::Moe => Op::Moe(MoeCfg::read(r)?),
         K::Mla => Op::Mla(MlaCfg::read(r)?),
         K::Lstm | K::Gru => Op::Rnn(RnnCfg::read(r)?),

@@ -335,3 +335,33 @@ impl CrossEntropyCfg {
         Ok(cfg)
     }
 }
+
+/// The all-ones padding mask a DeBERTa-v2 model makes when it is given none
+/// (`DebertaV2Model.forward`: `attention_mask = torch.ones(input_shape)`, float32 `[B, S]`, held
+/// until the model returns) multiplied into `[B, S, H]` (`DebertaV2Embeddings`: `embeddings *
+/// mask.unsqueeze(2).to(embeddings.dtype)`): the product keeps the mask (a copy in the
+/// activation dtype when that is not float32). With `ids_buffer` the module also holds an int64
+/// `[1, ids_buffer]` `position_ids` buffer that no position table reads
+/// (`position_biased_input = false`). With `fill` the padded positions are zeroed in place
+/// instead (`ConvLayer`: `out.masked_fill_(rmask.unsqueeze(-1).expand(out.size()), 0)` with
+/// `rmask = (1 - input_mask).bool()`), which keeps the bool `[B, S]` mask. Every use reads the
+/// same all-ones tensor. No params.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaddingMaskCfg {
+    /// Length of the unread int64 id buffer (0 for none).
+    pub ids_buffer: u64,
+    /// Zero the padded positions in place (`masked_fill_`) instead of multiplying.
+    pub fill: bool,
+}
+
+impl PaddingMaskCfg {
+    pub(super) fn read(r: &mut KeyReader<'_>) -> Result<Self, String> {
+        let s = r.spec();
+        let cfg = PaddingMaskCfg {
+            ids_buffer: r.or(key!(s.ids_buffer), 0),
+            fill: r.or(key!(s.fill), false),
+        };
+        r.finish()?;
+        Ok(cfg)
+    }
+}

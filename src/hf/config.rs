@@ -156,6 +156,62 @@ pub(super) struct BertConfig {
     pub pad_token_id: Option<u64>,
 }
 
+/// `DebertaV2Config` (`models/deberta_v2/configuration_deberta_v2.py`) and the keys
+/// `modeling_deberta_v2.py` reads with `getattr` (`position_buckets`, `norm_rel_ebd`,
+/// `share_att_key`, `embedding_size`, `attention_head_size`, `conv_kernel_size`, `cls_dropout`).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct DebertaV2Config {
+    pub vocab_size: Option<u64>,
+    pub hidden_size: Option<u64>,
+    pub num_hidden_layers: Option<u64>,
+    pub num_attention_heads: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub hidden_act: Option<String>,
+    pub hidden_dropout_prob: Option<f64>,
+    pub attention_probs_dropout_prob: Option<f64>,
+    pub max_position_embeddings: Option<u64>,
+    pub type_vocab_size: Option<u64>,
+    pub relative_attention: Option<bool>,
+    pub max_relative_positions: Option<i64>,
+    pub position_buckets: Option<i64>,
+    pub pad_token_id: Option<u64>,
+    pub position_biased_input: Option<bool>,
+    /// `"p2c|c2p"` or `["p2c", "c2p"]`.
+    pub pos_att_type: Option<PosAttType>,
+    pub norm_rel_ebd: Option<String>,
+    pub share_att_key: Option<bool>,
+    pub embedding_size: Option<u64>,
+    pub attention_head_size: Option<u64>,
+    pub conv_kernel_size: Option<u64>,
+    pub conv_groups: Option<u64>,
+    pub conv_act: Option<String>,
+    pub pooler_dropout: Option<f64>,
+    pub pooler_hidden_act: Option<String>,
+    pub pooler_hidden_size: Option<u64>,
+    pub cls_dropout: Option<f64>,
+    pub legacy: Option<bool>,
+}
+
+/// DeBERTa's `pos_att_type`: a `|`-separated string (older configs) or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum PosAttType {
+    /// `"p2c|c2p"`.
+    Joined(String),
+    /// `["p2c", "c2p"]`.
+    List(Vec<String>),
+}
+
+impl PosAttType {
+    /// The entries, trimmed and lower-cased as `DebertaV2Config.__post_init__` does.
+    pub fn entries(&self) -> Vec<String> {
+        match self {
+            PosAttType::Joined(s) => s.split('|').map(|e| e.trim().to_lowercase()).collect(),
+            PosAttType::List(v) => v.iter().map(|e| e.trim().to_lowercase()).collect(),
+        }
+    }
+}
+
 /// `T5Config` (its `attribute_map` names: `hidden_size` for `d_model`, …).
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct T5Config {

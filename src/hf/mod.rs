@@ -27,6 +27,7 @@ use crate::vocab::AttentionImpl;
 mod bert;
 mod clip;
 mod config;
+mod deberta;
 mod decoder;
 mod diffusers;
 mod dit;
@@ -328,6 +329,7 @@ const OTHERS: &[(&str, &str, Family)] = &[
     ("starcoder2", "starcoder2", Family::Starcoder2),
     ("roberta", "roberta", Family::Roberta),
     ("xlm-roberta", "xlmroberta", Family::Roberta),
+    ("deberta-v2", "debertav2", Family::DebertaV2),
     ("vit", "vit", Family::Vision(vision::Kind::Vit)),
     ("dinov2", "dinov2", Family::Vision(vision::Kind::Dinov2)),
     ("clip", "clip", Family::Tower),
@@ -672,6 +674,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         Family::Bert => bert::bert(&cfg, head)?,
         Family::T5 => t5::t5(&cfg, head)?,
         Family::Roberta => bert::roberta(&cfg, head)?,
+        Family::DebertaV2 => deberta::deberta_v2(&cfg, head)?,
         Family::GptNeox => ln_decoder::gpt_neox(&cfg, head)?,
         Family::Phi => ln_decoder::phi(&cfg, head)?,
         Family::Falcon => ln_decoder::falcon(&cfg, head)?,
@@ -718,7 +721,7 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
     let head_name = match head {
         Resolved::Bare => "bare model, no loss",
         Resolved::Lm => match family {
-            Family::Bert | Family::Roberta => "masked-LM head and loss",
+            Family::Bert | Family::Roberta | Family::DebertaV2 => "masked-LM head and loss",
             Family::T5 | Family::Whisper => "LM head and loss",
             _ => "causal-LM head and loss",
         },
@@ -837,6 +840,8 @@ enum Family {
     T5,
     /// RoBERTa and XLM-RoBERTa (`bert.rs`).
     Roberta,
+    /// DeBERTa-v2 and -v3 (`deberta.rs`): disentangled attention.
+    DebertaV2,
     /// The LayerNorm decoders of `ln_decoder.rs`.
     GptNeox,
     Phi,
@@ -891,7 +896,11 @@ fn resolve_head(
         return Ok(
             if matches!(
                 family,
-                Family::Bert | Family::Roberta | Family::Vision(_) | Family::Tower
+                Family::Bert
+                    | Family::Roberta
+                    | Family::DebertaV2
+                    | Family::Vision(_)
+                    | Family::Tower
             ) {
                 Resolved::Bare
             } else {
@@ -900,7 +909,7 @@ fn resolve_head(
         );
     };
     let lm_suffixes: &[&str] = match family {
-        Family::Bert | Family::Roberta => &["ForMaskedLM"],
+        Family::Bert | Family::Roberta | Family::DebertaV2 => &["ForMaskedLM"],
         Family::T5 => &["ForConditionalGeneration"],
         Family::Gpt2 | Family::GptBigCode => &["LMHeadModel", "ForCausalLM"],
         Family::Decoder(_)

@@ -253,6 +253,26 @@ pub struct LayerSpec {
     pub num_buckets: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u64>,
+    // disentangled attention (DeBERTa-v2)
+    /// Disentangled attention: content-to-position scores (`pos_att_type` has `c2p`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub c2p: Option<bool>,
+    /// Disentangled attention: position-to-content scores (`pos_att_type` has `p2c`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2c: Option<bool>,
+    /// Disentangled attention: the relative embeddings are projected by the query and key
+    /// projections (`share_att_key`) instead of their own `pos_query_proj`/`pos_key_proj`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_att_key: Option<bool>,
+    /// Disentangled attention: dropout on the relative embeddings (`pos_dropout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pos_dropout: Option<f64>,
+    /// Relative embeddings: a LayerNorm on the table (`norm_rel_ebd = "layer_norm"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub norm: Option<bool>,
+    /// Padding mask: `masked_fill_` of the padded positions in place instead of the product.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill: Option<bool>,
     // rotary
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concat: Option<bool>,
@@ -578,6 +598,9 @@ layer_kinds! {
     Attention => "attention" | "self_attention" | "multihead_attention",
     CrossAttention => "cross_attention",
     RelativePositionBias => "relative_position_bias",
+    RelativeEmbeddings => "relative_embeddings",
+    DisentangledAttention => "disentangled_attention",
+    PaddingMask => "padding_mask",
     Moe => "moe" | "mixture_of_experts",
     Mla => "mla" | "latent_attention",
     Lstm => "lstm",

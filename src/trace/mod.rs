@@ -13,6 +13,7 @@
 pub mod aten;
 mod attention;
 mod call;
+mod deberta;
 mod elementwise;
 mod mla;
 mod moe;
@@ -113,6 +114,8 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         label: LayerAt::default(),
         quantized: std::collections::HashSet::new(),
         position_bias: None,
+        deberta: None,
+        padding_ones: None,
         lora_matched: Vec::new(),
         lora_modules: Vec::new(),
         tp: tp::Tp::of(settings.parallel.as_ref()),
@@ -297,6 +300,10 @@ struct Tracer<'a> {
     quantized: std::collections::HashSet<ValueId>,
     /// The relative position bias of the current stack (T5).
     position_bias: Option<ValueId>,
+    /// DeBERTa-v2's relative embeddings, positions and mask (the last `relative_embeddings`).
+    deberta: Option<deberta::DebertaRel>,
+    /// DeBERTa-v2's all-ones `[B, S]` attention mask, made by the first `padding_mask`.
+    padding_ones: Option<StorageId>,
     /// Per `--lora-targets` entry, whether it matched a projection so far.
     lora_matched: Vec<bool>,
     /// The projections and linear layers seen (last name segment; `q`, `k`, `v`, `o` for

@@ -431,13 +431,19 @@ impl Tracer<'_> {
                 }
                 if split { self.tp_reduce(y) } else { Ok(y) }
             }
-            Op::CrossAttention(_) | Op::Moe(_) | Op::Mla(_) if t > 1 => {
+            Op::CrossAttention(_) | Op::Moe(_) | Op::Mla(_) | Op::DisentangledAttention(_)
+                if t > 1 =>
+            {
                 // Megatron splits these too (below); memest does not model their split, and
                 // tracing them whole on every rank would be a silently wrong figure.
                 let (what, how) = match op {
                     Op::Moe(_) => (
                         "a mixture-of-experts layer",
                         "Megatron-Core's expert tensor parallelism, `expert_tensor_parallel_size`, splits each expert's MLP columns and rows as a dense MLP's; --ep divides the experts across GPUs instead",
+                    ),
+                    Op::DisentangledAttention(_) => (
+                        "a disentangled attention layer",
+                        "Megatron-style splitting would divide its heads and its relative projections column-parallel",
                     ),
                     Op::Mla(_) => (
                         "a multi-head latent attention layer",

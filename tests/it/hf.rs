@@ -53,6 +53,18 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
     // roberta-base (masked LM): 514 positions, one token type, lm_head tied with its bias.
     ("examples/hf/roberta-base.json", 124_697_433),
     ("examples/hf/xlm-roberta-base.json", 278_295_186),
+    // microsoft/deberta-v3-base as the Hub serves it (written from its published values: no
+    // `architectures`, so the bare DebertaV2Model): 128100·768 word embeddings, 512 relative
+    // embeddings (2·position_buckets) with their LayerNorm, 12 layers of disentangled attention
+    // with shared relative keys (`share_att_key`); no position table (transformers 5.24 on the
+    // meta device).
+    ("examples/hf/deberta-v3-base.json", 183_831_552),
+    // microsoft/deberta-v3-large: 24 layers of 1024, 16 heads, FFN 4096.
+    ("examples/hf/deberta-v3-large.json", 434_012_160),
+    // microsoft/deberta-v2-xlarge (written from its published values): 24 heads of
+    // attention_head_size 64, and ConvLayer after layer 0 (Conv1d 1536 → 1536, kernel 3, with
+    // its LayerNorm).
+    ("examples/hf/deberta-v2-xlarge.json", 884_593_152),
     // StarCoder (GPT-BigCode): multi-query c_attn 6144·(6144 + 2·128) + bias, n_inner 24576.
     ("examples/hf/starcoder.json", 15_517_456_384),
     // mt5-small: transformers 5 ties its LM head to `shared` whatever the config says.
@@ -243,6 +255,29 @@ fn head_flag_picks_another_head() {
             7_568_413_696,
         ),
         (&["examples/hf/t5-small.json", "--head", "none"], 60_506_624),
+        // DebertaV2ForMaskedLM: the legacy `cls.predictions` head (dense, LayerNorm, decoder
+        // tied to the word embeddings, one [vocab] bias); …ForSequenceClassification: the
+        // ContextPooler's dense and the classifier (transformers 5.24 on the meta device).
+        (
+            &["examples/hf/deberta-v3-base.json", "--head", "lm"],
+            184_551_780,
+        ),
+        (
+            &[
+                "examples/hf/deberta-v3-base.json",
+                "--head",
+                "classification",
+            ],
+            184_423_682,
+        ),
+        (
+            &["examples/hf/deberta-v3-large.json", "--head", "lm"],
+            435_191_908,
+        ),
+        (
+            &["examples/hf/deberta-v2-xlarge.json", "--head", "lm"],
+            887_085_156,
+        ),
         (
             &["examples/hf/t5-small.json", "--head", "classification"],
             60_770_306,
@@ -710,6 +745,53 @@ fn cohere_parallel_block_and_refusals() {
     );
 }
 
+/// DeBERTa-v2: the encoder's relative embeddings before the layers, ConvLayer after layer 0
+/// when `conv_kernel_size` is set, and the configs transformers cannot run refused by field.
+#[test]
+fn deberta_v2_layout_and_refusals() {
+    let t = printed(&["examples/hf/deberta-v2-xlarge.json"]);
+    let top = layers(&t);
+    let names: Vec<&str> = top.iter().filter_map(|l| l["name"].as_str()).collect();
+    let at = |n: &str| names.iter().position(|&m| m == n).unwrap();
+    assert!(at("encoder.rel_embeddings") < at("encoder.layer.0"));
+    assert!(at("encoder.layer.0") < at("encoder.conv.conv"));
+    assert!(at("encoder.conv.output_mask") < at("encoder.layer.1-23"));
+    let conv = &top[at("encoder.conv.permute")];
+    assert_eq!(
+        conv["inputs"].as_array().unwrap()[0].as_str(),
+        Some("embeddings.dropout")
+    );
+    let residual = &top[at("encoder.conv.residual")];
+    assert_eq!(
+        residual["inputs"].as_array().unwrap()[0].as_str(),
+        Some("encoder.layer.0")
+    );
+    let rel = &top[at("encoder.rel_embeddings")];
+    assert_eq!(rel["num_positions"].as_integer(), Some(256));
+    assert_eq!(rel["norm"].as_bool(), Some(true));
+
+    let base = r#""model_type": "deberta-v2", "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4"#;
+    for (extra, said) in [
+        (
+            r#""relative_attention": false"#,
+            "`relative_attention = false`",
+        ),
+        (
+            r#""relative_attention": true, "pos_att_type": "p2p""#,
+            "`pos_att_type` entry `p2p`",
+        ),
+        (
+            r#""relative_attention": true, "pos_att_type": ["c2p"], "attention_head_size": 8"#,
+            "`attention_head_size` (8)",
+        ),
+    ] {
+        let f = TempModel::new("json", &format!("{{{base}, {extra}}}"));
+        let err = fails(&[f.arg()]);
+        assert!(err.contains(said), "{extra}: {err}");
+    }
+}
+
 #[test]
 fn wrong_field_type_is_named() {
     let f = TempModel::new(
@@ -885,6 +967,7 @@ fn memest_models_matches_the_readme() {
         "bloom",
         "roberta",
         "xlm-roberta",
+        "deberta-v2",
         "llama",
     ] {
         assert!(types.contains(t), "{t} missing from {text}");

@@ -158,6 +158,35 @@ pub enum AtenOp {
     ToCopy,
     /// `index.Tensor(self, indices)`.
     Index,
+    /// `gather(self, dim, index)` (DeBERTa-v2's relative scores): `gather_backward(grad, self,
+    /// dim, index, sparse_grad)` reads `self` and `index`, so autograd keeps both
+    /// (`GatherBackward0`'s `self_` and `index_`).
+    Gather,
+    /// `masked_fill.Scalar(self, mask, value)`: its backward is `grad.masked_fill(mask, 0)`,
+    /// keeping the mask.
+    MaskedFill,
+    /// `masked_fill_.Scalar(self, mask, value)`: in place, keeping the mask as `masked_fill`.
+    MaskedFillInplace,
+    /// Composite: `(1 - input_mask).bool()` of a float padding mask (DeBERTa-v2's
+    /// `ConvLayer`): a float temporary and the bool result, never recorded.
+    InvertPaddingMask,
+    /// `repeat(self, repeats)`: its backward sums over the repeats (sizes only).
+    Repeat,
+    /// `bitwise_not(self)` of a boolean mask (`~mask`): integer, never recorded.
+    BitwiseNot,
+    /// `ones(size)`: a factory (the all-ones attention mask a model makes when given none).
+    Ones,
+    /// Composite: DeBERTa-v2's `build_relative_position` (`arange` of the query and key
+    /// positions, their difference, `make_log_bucket_position` when bucketed): an int64
+    /// `[1, S, S]` tensor.
+    BuildRelativePosition,
+    /// Composite: DeBERTa-v2's `get_attention_mask` (`mask.unsqueeze(1).unsqueeze(2)` times
+    /// its transpose): a `[B, 1, S, S]` tensor.
+    GetAttentionMask,
+    /// Composite: DeBERTa-v2's gather index `torch.clamp(relative_pos + att_span, 0,
+    /// 2·att_span − 1)` (content-to-position), or of `-relative_pos` (position-to-content):
+    /// int64, never recorded.
+    RelativeIndex,
     /// `embedding(weight, indices, …)`.
     Embedding,
     /// Dropout: `native_dropout(input, p, train)` on CUDA (a bool mask), `_dropout_impl`'s
@@ -326,6 +355,16 @@ impl AtenOp {
             AtenOp::Clone => "clone",
             AtenOp::ToCopy => "_to_copy",
             AtenOp::Index => "index.Tensor",
+            AtenOp::Gather => "gather",
+            AtenOp::MaskedFill => "masked_fill.Scalar",
+            AtenOp::MaskedFillInplace => "masked_fill_.Scalar",
+            AtenOp::InvertPaddingMask => "invert_padding_mask",
+            AtenOp::Repeat => "repeat",
+            AtenOp::BitwiseNot => "bitwise_not",
+            AtenOp::Ones => "ones",
+            AtenOp::BuildRelativePosition => "build_relative_position",
+            AtenOp::GetAttentionMask => "get_attention_mask",
+            AtenOp::RelativeIndex => "relative_index",
             AtenOp::Embedding => "embedding",
             AtenOp::Dropout => "native_dropout",
             AtenOp::MaxPool2dWithIndices => "max_pool2d_with_indices",
@@ -472,6 +511,7 @@ impl AtenOp {
                 | AtenOp::SiluInplace
                 | AtenOp::AddInplace
                 | AtenOp::DivInplace
+                | AtenOp::MaskedFillInplace
         )
     }
 
@@ -690,6 +730,28 @@ impl AtenOp {
                 &["indices"],
                 SaveRule::always(&[Aux(0)]),
             ),
+            AtenOp::Gather => spec(
+                Some("gather"),
+                &["self"],
+                &["result"],
+                &["index"],
+                SaveRule::always(&[Input(0), Aux(0)]),
+            ),
+            AtenOp::MaskedFill | AtenOp::MaskedFillInplace => spec(
+                Some("masked_fill.Scalar"),
+                &["self"],
+                &["result"],
+                &["mask"],
+                SaveRule::always(&[Aux(0)]),
+            ),
+            AtenOp::Repeat => unary("repeat", SaveRule::NOTHING),
+            // Integer and factory operators: autograd does not record them.
+            AtenOp::BitwiseNot
+            | AtenOp::Ones
+            | AtenOp::BuildRelativePosition
+            | AtenOp::GetAttentionMask
+            | AtenOp::RelativeIndex
+            | AtenOp::InvertPaddingMask => plain(&["self"]),
             AtenOp::Embedding => spec(
                 Some("embedding"),
                 &["weight", "indices"],

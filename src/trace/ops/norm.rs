@@ -93,7 +93,7 @@ impl Tracer<'_> {
     }
 
     /// `native_layer_norm` over the last dimension.
-    pub(super) fn layer_norm(
+    pub(in crate::trace) fn layer_norm(
         &mut self,
         c: &LayerNormCfg,
         x: ValueId,
