@@ -520,6 +520,114 @@ fn every_measured_case_is_compared() {
     }
 }
 
+/// One README accuracy-table row per case of `cpu` (in its cases-cli order), from the figures
+/// pinned in the snapshots `{snap}.snap` and `{snap}_cuda.snap` (which the comparison tests keep
+/// equal to memest's figures): parameter, gradient and optimizer bytes (`ok` when exact, else
+/// the difference), then the errors in percent of the saved activations and the peak, on the CPU
+/// and on CUDA (`ok` where both are 0).
+fn readme_rows(cpu: &Set, snap: &str) -> String {
+    let figures = |name: &str| {
+        let text = std::fs::read_to_string(path(&format!("tests/it/snapshots/{name}.snap")))
+            .unwrap_or_else(|e| panic!("{name}.snap: {e}"));
+        let body = text.splitn(3, "---").nth(2).expect("a snapshot body");
+        let mut m = std::collections::HashMap::new();
+        for line in body.lines().skip(2) {
+            let p: Vec<&str> = line.split_whitespace().collect();
+            if let [case, field, memest, measured, ..] = p[..] {
+                let n = |s: &str| s.parse::<u64>().expect("a figure");
+                m.insert(
+                    (case.to_string(), field.to_string()),
+                    (n(memest), n(measured)),
+                );
+            }
+        }
+        m
+    };
+    let (on_cpu, on_cuda) = (figures(snap), figures(&format!("{snap}_cuda")));
+    let exact = |(m, r): (u64, u64)| {
+        if m == r {
+            "ok".to_string()
+        } else {
+            format!("{:+}", i128::from(m) - i128::from(r))
+        }
+    };
+    let pct = |(m, r): (u64, u64)| {
+        if r == 0 {
+            if m == 0 {
+                "ok".to_string()
+            } else {
+                "-".to_string()
+            }
+        } else {
+            format!("{:+.1}", err_pct(m, r))
+        }
+    };
+    let mut out = format!(
+        "{:<38} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}\n",
+        "case", "params", "grads", "optim", "act err%", "peak err%", "CUDA act", "CUDA peak"
+    );
+    for (id, _, _) in cases_in(cpu) {
+        let get = |m: &std::collections::HashMap<(String, String), (u64, u64)>, f: &str| {
+            *m.get(&(id.clone(), f.to_string()))
+                .unwrap_or_else(|| panic!("{snap}: no {f} of {id}"))
+        };
+        let _ = writeln!(
+            out,
+            "{:<38} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            id,
+            exact(get(&on_cpu, "parameters_bytes")),
+            exact(get(&on_cpu, "gradients_bytes")),
+            exact(get(&on_cpu, "optimizer_state_bytes")),
+            pct(get(&on_cpu, "activations_bytes")),
+            pct(get(&on_cpu, "peak_bytes")),
+            pct(get(&on_cuda, "activations_bytes")),
+            pct(get(&on_cuda, "peak_bytes")),
+        );
+    }
+    out
+}
+
+/// The README's two accuracy tables ("### Accuracy": the shared cases, then the extra ones) are
+/// the figures the tests pin, with a CUDA column. `MEMEST_UPDATE_README=1 cargo test --test it
+/// readme_accuracy` rewrites them.
+#[test]
+fn readme_accuracy_tables_match_the_figures() {
+    let file = path("README.md");
+    let readme = std::fs::read_to_string(&file).unwrap();
+    let start = readme
+        .find("### Accuracy")
+        .expect("README has an Accuracy section");
+    let end = start
+        + readme[start..]
+            .find("### CPU and CUDA kernels")
+            .expect("the next section");
+    let mut section = readme[start..end].to_string();
+    let mut at = 0;
+    for (set, snap) in [(&SHARED, "reference_shared"), (&EXTRA, "reference_extra")] {
+        let open = at + section[at..].find("```text\n").expect("a table") + "```text\n".len();
+        let close = open + section[open..].find("```").expect("the table's end");
+        let want = readme_rows(set, snap);
+        if std::env::var_os("MEMEST_UPDATE_README").is_some() {
+            section.replace_range(open..close, &want);
+        } else {
+            assert_eq!(
+                section[open..close],
+                want,
+                "README's accuracy table of {} is stale: MEMEST_UPDATE_README=1 cargo test --test it readme_accuracy",
+                set.cli
+            );
+        }
+        at = open + want.len();
+    }
+    if std::env::var_os("MEMEST_UPDATE_README").is_some() {
+        std::fs::write(
+            &file,
+            format!("{}{section}{}", &readme[..start], &readme[end..]),
+        )
+        .unwrap();
+    }
+}
+
 /// Fails, with the whole table, if a figure is outside its tolerance.
 pub(crate) fn assert_all_ok(rows: &[Row]) {
     let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok()).collect();
