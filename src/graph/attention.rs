@@ -65,8 +65,9 @@ pub struct AttentionCfg {
     pub contiguous_heads: bool,
     /// One fused QKV projection (GPT-2's `c_attn`, ViT's `in_proj`).
     pub fused_qkv: bool,
-    /// Per-chunk attention whose outputs are joined with `torch.cat` (Qwen2-VL's vision
-    /// attention): merging the heads is always a copy.
+    /// Attention per chunk, one chunk per batch row (Qwen2-VL's vision attention, one image a
+    /// row): Q, K and V are split per image, each image gets its own attention call and its
+    /// heads merged, and `torch.cat` joins the images.
     pub chunked: bool,
     /// Rotary embedding applied to Q and K.
     pub rotary: bool,

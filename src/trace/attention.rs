@@ -253,32 +253,53 @@ impl Tracer<'_> {
         } else {
             None
         };
-        let ctx = if math {
-            self.sdpa_math(q, k, v, c, bias)?
-        } else if fused {
-            self.sdpa_fused(q, k, v, c, bias)?
+        let core = |this: &mut Self, q, k, v| {
+            if math {
+                this.sdpa_math(q, k, v, c, bias)
+            } else if fused {
+                this.sdpa_fused(q, k, v, c, bias)
+            } else {
+                this.sdpa_eager(q, k, v, c, bias, sinks)
+            }
+        };
+        let merged = if c.chunked && !torch_mha {
+            // Qwen2-VL's vision attention: `torch.split` of Q, K and V per image along the
+            // sequence, one attention call per image, each output's heads merged
+            // (`transpose(1, 2).contiguous()`, free when the kernel lays it out so), then
+            // `torch.cat` of the images (`VisionAttention.forward`, non-flash-attention-2
+            // path). Here each image is one batch row.
+            let row = |this: &mut Self, t: ValueId| {
+                let tv = this.val(t).clone();
+                let mut dims = tv.shape.dims().to_vec();
+                dims[0] = 1;
+                let views: Vec<ValueId> = (0..b)
+                    .map(|_| this.view_of(t, Shape::new(dims.clone()), tv.layout))
+                    .collect();
+                this.call(Call::new(AtenOp::Split, vec![t], views.clone()))
+                    .map(|()| views)
+            };
+            let (qs, ks, vs) = (row(self, q)?, row(self, k)?, row(self, v)?);
+            let mut outs = Vec::new();
+            for i in 0..qs.len() {
+                let ctx = core(self, qs[i], ks[i], vs[i])?;
+                outs.push(self.merge_heads(ctx, Shape::from([1, s, qd]), false)?);
+            }
+            let ov = self.val(outs[0]).clone();
+            let m = self.fresh(
+                Shape::from([b, s, qd]),
+                ov.dtype,
+                "merged heads",
+                ov.requires_grad,
+            )?;
+            self.call(Call::new(AtenOp::Cat, outs, vec![m]))?;
+            m
         } else {
-            self.sdpa_eager(q, k, v, c, bias, sinks)?
+            let ctx = core(self, q, k, v)?;
+            self.merge_heads(ctx, Shape::from([b, s, qd]), torch_mha)?
         };
         if selective && let Some(seg) = self.segment.take() {
             self.tape.segments[seg].end = self.tape.steps.len();
         }
-        // Merge heads: transformers `transpose(1, 2).contiguous()`, nn.MultiheadAttention
-        // `permute(2, 0, 1, 3).contiguous()`; free when the output is already laid out so.
-        let cv = self.val(ctx).clone();
-        let free = if torch_mha {
-            cv.layout == Layout::SeqFirst
-        } else {
-            cv.layout == Layout::HeadsTransposed && !c.chunked
-        };
-        let merged_shape = Shape::from([b, s, qd]);
-        let merged = if free {
-            self.view_op(ctx, merged_shape, Layout::Contiguous, AtenOp::View, true)
-        } else {
-            let m = self.fresh(merged_shape, cv.dtype, "merged heads", cv.requires_grad)?;
-            self.call(Call::new(AtenOp::Clone, vec![ctx], vec![m]))?;
-            m
-        };
         let y = self.projection(merged, qd, h, c.out_bias, train, "o")?;
         if torch_mha {
             // The [S, B, E] result is transposed back to batch-first: a strided view.
@@ -292,6 +313,30 @@ impl Tracer<'_> {
             return Ok(yt);
         }
         Ok(y)
+    }
+
+    /// Merges an attention output's heads into `shape` (`[B, S, heads·head_dim]`): transformers
+    /// `transpose(1, 2).contiguous()`, nn.MultiheadAttention (`torch_mha`)
+    /// `permute(2, 0, 1, 3).contiguous()`; a view when the output is already laid out so, else a
+    /// copy.
+    fn merge_heads(
+        &mut self,
+        ctx: ValueId,
+        shape: Shape,
+        torch_mha: bool,
+    ) -> Result<ValueId, Error> {
+        let cv = self.val(ctx).clone();
+        let free = if torch_mha {
+            cv.layout == Layout::SeqFirst
+        } else {
+            cv.layout == Layout::HeadsTransposed
+        };
+        if free {
+            return Ok(self.view_op(ctx, shape, Layout::Contiguous, AtenOp::View, true));
+        }
+        let m = self.fresh(shape, cv.dtype, "merged heads", cv.requires_grad)?;
+        self.call(Call::new(AtenOp::Clone, vec![ctx], vec![m]))?;
+        Ok(m)
     }
 
     /// transformers' `DynamicCache.update` for one layer: `torch.cat`-ed copies of `k` and `v`
@@ -569,8 +614,30 @@ impl Tracer<'_> {
         let mut inputs = vec![q, k, v];
         // A float attention mask is kept too.
         inputs.extend(bias);
-        let call = Call::new(AtenOp::FlashAttention, inputs, vec![out]);
-        self.call(call.aux(vec![lse]).results(vec![lse]))?;
+        let call = if kernel == SdpaKernel::Cudnn {
+            // cuDNN also returns the dropout RNG's seed and offset, one int64 each, on the
+            // device, and its backward reads them (as `measure_fake_cuda.py` sees: 16 B per call
+            // in the saved tensors). The flash and memory-efficient kernels make theirs on the
+            // host unless a CUDA graph is being captured (`_efficient_attention_forward`,
+            // Note [Seed and Offset Device]), so they have none here.
+            let mut aux = vec![lse];
+            for what in ["philox_seed", "philox_offset"] {
+                aux.push(self.storage(
+                    &Shape::from([1]),
+                    DType::Int64,
+                    StorageKind::Activation,
+                    what,
+                )?);
+            }
+            Call::new(AtenOp::CudnnAttention, inputs, vec![out])
+                .aux(aux.clone())
+                .results(aux)
+        } else {
+            Call::new(AtenOp::FlashAttention, inputs, vec![out])
+                .aux(vec![lse])
+                .results(vec![lse])
+        };
+        self.call(call)?;
         Ok(out)
     }
 

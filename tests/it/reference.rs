@@ -337,12 +337,10 @@ fn allocator_exceptions_are_needed() {
             }
         }
     }
-    // 90 CUDA cases: four reserved misses of a segment or so (gpt2 ckpt; phi3, falcon-newarch
-    // and gpt_bigcode tiny, one 2 MiB segment on steps under 40 MiB) and bloom fp32, whose
-    // tensor peak itself reads 2.57 % low.
+    // 116 CUDA cases: one reserved miss of one 2 MiB segment (phi3 tiny fp32, a 38 MiB step).
     assert!(
-        seen <= 5,
-        "more than 5 exceptions: the allocator model needs work"
+        seen <= 1,
+        "more than 1 exception: the allocator model needs work"
     );
 }
 
@@ -457,6 +455,178 @@ fn peak_allowances_match_the_cases() {
             .collect();
         named.sort();
         assert_eq!(named, ids, "{file}");
+    }
+}
+
+/// Measured but not compared, each with why: the only records of `*reference*.json` that no
+/// cases-cli file asks of memest, and the only CPU cases without their CUDA measurement.
+const NOT_COMPARED: &[(&str, &str)] = &[
+    (
+        "mixtral-tiny-eagerexperts-b4-s64-fp32-adamw",
+        "transformers' eager experts loop (`experts_implementation = \"eager\"`): memest models \
+         the grouped_mm experts only",
+    ),
+    (
+        "deepseek_v3-tiny-b2-s64-bf16-adamw",
+        "CUDA only: the measurement is not repeatable (three runs of measure_fake_cuda.py saved \
+         5,676,628, 5,677,652 and 5,681,236 B: DeepSeek's group-limited routing is not the fixed \
+         balanced routing the script imposes on other MoE models); memest's 5,685,844 B is \
+         +0.08 % to +0.16 % of them, the bar is 0.1 %. The CPU case is exact",
+    ),
+];
+
+/// Every measured record is compared (CPU and CUDA), and every CPU case has its CUDA
+/// measurement beside it, but for the cases listed in `NOT_COMPARED`.
+#[test]
+fn every_measured_case_is_compared() {
+    let listed = |id: &str| NOT_COMPARED.iter().any(|(c, _)| *c == id);
+    let ids =
+        |set: &Set| -> Vec<String> { cases_in(set).into_iter().map(|(id, _, _)| id).collect() };
+    for set in [&SHARED, &EXTRA, &HF, &SHARED_CUDA, &EXTRA_CUDA, &HF_CUDA] {
+        let asked = ids(set);
+        for r in load(set.reference).as_array().expect("an array") {
+            let id = r["id"].as_str().expect("an id");
+            assert!(
+                asked.iter().any(|a| a == id) || listed(id),
+                "{}: {id} is measured but {} does not ask it",
+                set.reference,
+                set.cli
+            );
+        }
+    }
+    for (cpu, cuda) in [
+        (&SHARED, &SHARED_CUDA),
+        (&EXTRA, &EXTRA_CUDA),
+        (&HF, &HF_CUDA),
+    ] {
+        let on_cuda = ids(cuda);
+        for id in ids(cpu) {
+            assert!(
+                on_cuda.contains(&id) || listed(&id),
+                "{id}: in {} but not measured on CUDA ({})",
+                cpu.cli,
+                cuda.cli
+            );
+        }
+    }
+    // Each exception is still one.
+    for (id, _) in NOT_COMPARED {
+        let everywhere: Vec<String> = [&SHARED_CUDA, &EXTRA_CUDA, &HF_CUDA]
+            .iter()
+            .flat_map(|s| ids(s))
+            .collect();
+        assert!(
+            !everywhere.contains(&(*id).to_string()),
+            "{id} is compared now: unlist it"
+        );
+    }
+}
+
+/// One README accuracy-table row per case of `cpu` (in its cases-cli order), from the figures
+/// pinned in the snapshots `{snap}.snap` and `{snap}_cuda.snap` (which the comparison tests keep
+/// equal to memest's figures): parameter, gradient and optimizer bytes (`ok` when exact, else
+/// the difference), then the errors in percent of the saved activations and the peak, on the CPU
+/// and on CUDA (`ok` where both are 0).
+fn readme_rows(cpu: &Set, snap: &str) -> String {
+    let figures = |name: &str| {
+        let text = std::fs::read_to_string(path(&format!("tests/it/snapshots/{name}.snap")))
+            .unwrap_or_else(|e| panic!("{name}.snap: {e}"));
+        let body = text.splitn(3, "---").nth(2).expect("a snapshot body");
+        let mut m = std::collections::HashMap::new();
+        for line in body.lines().skip(2) {
+            let p: Vec<&str> = line.split_whitespace().collect();
+            if let [case, field, memest, measured, ..] = p[..] {
+                let n = |s: &str| s.parse::<u64>().expect("a figure");
+                m.insert(
+                    (case.to_string(), field.to_string()),
+                    (n(memest), n(measured)),
+                );
+            }
+        }
+        m
+    };
+    let (on_cpu, on_cuda) = (figures(snap), figures(&format!("{snap}_cuda")));
+    let exact = |(m, r): (u64, u64)| {
+        if m == r {
+            "ok".to_string()
+        } else {
+            format!("{:+}", i128::from(m) - i128::from(r))
+        }
+    };
+    let pct = |(m, r): (u64, u64)| {
+        if r == 0 {
+            if m == 0 {
+                "ok".to_string()
+            } else {
+                "-".to_string()
+            }
+        } else {
+            format!("{:+.1}", err_pct(m, r))
+        }
+    };
+    let mut out = format!(
+        "{:<38} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}\n",
+        "case", "params", "grads", "optim", "act err%", "peak err%", "CUDA act", "CUDA peak"
+    );
+    for (id, _, _) in cases_in(cpu) {
+        let get = |m: &std::collections::HashMap<(String, String), (u64, u64)>, f: &str| {
+            *m.get(&(id.clone(), f.to_string()))
+                .unwrap_or_else(|| panic!("{snap}: no {f} of {id}"))
+        };
+        let _ = writeln!(
+            out,
+            "{:<38} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            id,
+            exact(get(&on_cpu, "parameters_bytes")),
+            exact(get(&on_cpu, "gradients_bytes")),
+            exact(get(&on_cpu, "optimizer_state_bytes")),
+            pct(get(&on_cpu, "activations_bytes")),
+            pct(get(&on_cpu, "peak_bytes")),
+            pct(get(&on_cuda, "activations_bytes")),
+            pct(get(&on_cuda, "peak_bytes")),
+        );
+    }
+    out
+}
+
+/// The README's two accuracy tables ("### Accuracy": the shared cases, then the extra ones) are
+/// the figures the tests pin, with a CUDA column. `MEMEST_UPDATE_README=1 cargo test --test it
+/// readme_accuracy` rewrites them.
+#[test]
+fn readme_accuracy_tables_match_the_figures() {
+    let file = path("README.md");
+    let readme = std::fs::read_to_string(&file).unwrap();
+    let start = readme
+        .find("### Accuracy")
+        .expect("README has an Accuracy section");
+    let end = start
+        + readme[start..]
+            .find("### CPU and CUDA kernels")
+            .expect("the next section");
+    let mut section = readme[start..end].to_string();
+    let mut at = 0;
+    for (set, snap) in [(&SHARED, "reference_shared"), (&EXTRA, "reference_extra")] {
+        let open = at + section[at..].find("```text\n").expect("a table") + "```text\n".len();
+        let close = open + section[open..].find("```").expect("the table's end");
+        let want = readme_rows(set, snap);
+        if std::env::var_os("MEMEST_UPDATE_README").is_some() {
+            section.replace_range(open..close, &want);
+        } else {
+            assert_eq!(
+                section[open..close],
+                want,
+                "README's accuracy table of {} is stale: MEMEST_UPDATE_README=1 cargo test --test it readme_accuracy",
+                set.cli
+            );
+        }
+        at = open + want.len();
+    }
+    if std::env::var_os("MEMEST_UPDATE_README").is_some() {
+        std::fs::write(
+            &file,
+            format!("{}{section}{}", &readme[..start], &readme[end..]),
+        )
+        .unwrap();
     }
 }
 

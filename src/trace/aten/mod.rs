@@ -224,6 +224,11 @@ pub enum AtenOp {
     PadCircular,
     /// `_scaled_dot_product_flash_attention(query, key, value, …)` (and its `_for_cpu` form).
     FlashAttention,
+    /// `_scaled_dot_product_cudnn_attention(query, key, value, attn_bias, …)`: cuDNN's fused
+    /// attention (`aten/src/ATen/native/transformers/cuda/attention.cu`); results: output,
+    /// log-sum-exp and the two one-element int64 dropout RNG tensors, `philox_seed` and
+    /// `philox_offset`, which its backward reads.
+    CudnnAttention,
     /// `mkldnn_rnn_layer(input, weight0, weight1, weight2, weight3, hx_, cx_, reverse, …)`: one
     /// layer and direction of an LSTM on the CPU through oneDNN (`aten/src/ATen/native/mkldnn/
     /// RNN.cpp`); results: output, `hy`, `cy` and, under grad mode, oneDNN's `workspace` (uint8).
@@ -383,6 +388,7 @@ impl AtenOp {
             AtenOp::ReplicationPad3d => "replication_pad3d",
             AtenOp::PadCircular => "_pad_circular",
             AtenOp::FlashAttention => "_scaled_dot_product_flash_attention",
+            AtenOp::CudnnAttention => "_scaled_dot_product_cudnn_attention",
             AtenOp::MkldnnRnnLayer => "mkldnn_rnn_layer",
             AtenOp::CudnnRnn | AtenOp::CudnnLstm => "_cudnn_rnn",
             AtenOp::GruCell => "GRUCell",
@@ -802,6 +808,24 @@ impl AtenOp {
                     OptionalInput(3),
                     Output(0),
                     Aux(0),
+                ]),
+            ),
+            // `_scaled_dot_product_cudnn_attention_backward(grad, query, key, value, output,
+            // logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k, …)`.
+            AtenOp::CudnnAttention => spec(
+                Some("_scaled_dot_product_cudnn_attention"),
+                &["query", "key", "value", "attn_bias"],
+                &["output"],
+                &["logsumexp", "philox_seed", "philox_offset"],
+                SaveRule::always(&[
+                    Input(0),
+                    Input(1),
+                    Input(2),
+                    OptionalInput(3),
+                    Output(0),
+                    Aux(0),
+                    Aux(1),
+                    Aux(2),
                 ]),
             ),
             // Every input and result but `hy`/`cy` is passed to the backward

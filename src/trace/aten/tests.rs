@@ -12,6 +12,26 @@ fn all() -> impl Iterator<Item = AtenOp> {
 /// Where memest's table knowingly differs from derivatives.yaml: (operator, tensor, why).
 const KNOWN: &[(AtenOp, &str, &str)] = &[
     (
+        AtenOp::CudnnAttention,
+        "cum_seq_q",
+        "undefined for dense (not nested) inputs: no tensor",
+    ),
+    (
+        AtenOp::CudnnAttention,
+        "cum_seq_k",
+        "undefined for dense (not nested) inputs: no tensor",
+    ),
+    (
+        AtenOp::CudnnAttention,
+        "max_q",
+        "a SymInt (the longest query sequence), not a tensor",
+    ),
+    (
+        AtenOp::CudnnAttention,
+        "max_k",
+        "a SymInt (the longest key sequence), not a tensor",
+    ),
+    (
         AtenOp::CudnnRnn,
         "cx",
         "a GRU has no cell state: `_cudnn_rnn` gets no `cx`",
