@@ -337,10 +337,11 @@ fn allocator_exceptions_are_needed() {
             }
         }
     }
-    // 116 CUDA cases: one reserved miss of one 2 MiB segment (phi3 tiny fp32, a 38 MiB step).
+    // One reserved miss of one 2 MiB segment each: phi3 tiny fp32 (a 38 MiB step) and the
+    // tiny Flux transformer (a 14 MiB step).
     assert!(
-        seen <= 1,
-        "more than 1 exception: the allocator model needs work"
+        seen <= 2,
+        "more than 2 exceptions: the allocator model needs work"
     );
 }
 
