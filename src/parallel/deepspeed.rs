@@ -388,12 +388,6 @@ fn zero(
         z.overlap_comm = b;
         z.overlap_comm_in_file = Some(b);
     }
-    if stage == 3 && (obj.contains_key("stage3_prefetch_bucket_size") || auto.prefetch_bucket) {
-        plan.notes.push(ConfigNote {
-            key: format!("{at}.stage3_prefetch_bucket_size"),
-            message: "read, not modelled: memest counts one gathered unit at a time, without the prefetched parameters of the next".into(),
-        });
-    }
     let mut offload = Offload::none();
     for (key, is_param) in [("offload_optimizer", false), ("offload_param", true)] {
         let path = format!("{at}.{key}");

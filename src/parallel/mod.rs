@@ -360,12 +360,13 @@ pub struct Zero {
     /// `stage3_max_reuse_distance`, in elements (default 1e9): ZeRO-3 does not release a
     /// parameter after its forward when it is used again within this many fetched elements.
     pub max_reuse_distance_elems: u64,
-    /// `stage3_prefetch_bucket_size`, in elements (default 5e7): how far ahead ZeRO-3 fetches
-    /// parameters once it has traced a step. Carried, not modelled: memest counts one gathered
-    /// unit at a time (the measured ZeRO-3 case runs with the default).
+    /// `stage3_prefetch_bucket_size`, in elements (default 5e7): after each fetch, ZeRO-3
+    /// all-gathers the next parameters of its traced order until this many elements are in
+    /// flight (`PartitionedParameterCoordinator.fetch_sub_module`).
     pub prefetch_bucket_elems: u64,
-    /// `stage3_max_live_parameters`, in elements (default 1e9): the gathered parameters ZeRO-3
-    /// keeps before it releases. Carried, not modelled (units are released after their use).
+    /// `stage3_max_live_parameters`, in elements (default 1e9): a prefetch stops at this many
+    /// gathered elements (`max_params_to_prefetch = min(max_live - available, bucket)`); the
+    /// parameters a layer needs are fetched whatever it says.
     pub max_live_parameters: u64,
     /// `overlap_comm` (DeepSpeed's default: true for stage 3 only, the `overlap_comm_valid`
     /// validator): ZeRO-1/2 then allocate a second reduce bucket (`ipg_buffer` `buf_1`,

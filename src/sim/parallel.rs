@@ -87,6 +87,33 @@ pub(super) struct Unit {
     /// before they are freed (`foreach_reduce`: `reduce_scatter_input` of the padded
     /// unsharded size, `foreach_reduce_scatter_copy_in`); 0 when there is none.
     pub reduce_buffer_bytes: u64,
+    /// Its parameters in the order its steps first read them: storage, whole elements and
+    /// whole bytes.
+    pub params: Vec<(StorageId, u64, u64)>,
+}
+
+/// DeepSpeed ZeRO-3's prefetch (`deepspeed/runtime/zero/partitioned_param_coordinator.py`,
+/// `PartitionedParameterCoordinator.fetch_sub_module`). From the second step on, ZeRO-3 has
+/// traced the order in which forward and backward fetch parameters (`__param_order`), and
+/// after fetching a module's own parameters it pops the parameters that follow from that
+/// queue and all-gathers those not available, until the elements it started gathering reach
+/// `min(stage3_max_live_parameters - available, stage3_prefetch_bucket_size)`, where
+/// `available` counts every gathered, unreleased element (`__n_available_params`); the queue
+/// is never rewound within a step. DeepSpeed does this as every module starts, in forward and
+/// in backward, with or without parameters of its own, so the gathered parameters run ahead
+/// until `stage3_max_live_parameters` stops them. memest replays this as every layer starts,
+/// over its units (the repeated blocks and the layers between them, each unit's parameters in
+/// the order its steps read them, forward then backward), parameter by parameter, so a
+/// prefetch can stop inside a unit; DeepSpeed's container modules (a decoder layer, its
+/// attention and MLP) prefetch a few more times than memest's layers.
+#[derive(Clone, Debug)]
+pub(super) struct Prefetch {
+    /// `stage3_prefetch_bucket_size`, elements.
+    pub bucket_elems: u64,
+    /// `stage3_max_live_parameters`, elements.
+    pub max_live_elems: u64,
+    /// Per unit, its gathered (not persistent) parameters in order: elements and bytes.
+    pub params: Vec<Vec<(u64, u64)>>,
 }
 
 /// The plan applied to one tape.
@@ -137,6 +164,8 @@ pub(super) struct Dist {
     /// Expert parallelism: per step, the bytes of an all-to-all receive buffer live during it
     /// (the dispatch's in forward and backward).
     pub step_comm: HashMap<usize, u64>,
+    /// DeepSpeed ZeRO-3's parameter prefetch over `units`.
+    pub prefetch: Option<Prefetch>,
     /// DDP's bucket tensors as the caching allocator gets them ([`DdpBuckets`]); empty for
     /// other engines.
     pub ddp_buckets: DdpBuckets,
@@ -464,6 +493,7 @@ impl Dist {
             grads_always: 0,
             grads_in_backward: true,
             units: Vec::new(),
+            prefetch: None,
             reduce: Reduce::Never,
             partition_buffer: 0,
             buckets: None,
@@ -801,6 +831,7 @@ impl Dist {
                         }
                         // Parameters at most `stage3_param_persistence_threshold` elements stay
                         // gathered all step (`DeepSpeedZeRoOffload.persistent_parameters`).
+                        let mut persistent = HashSet::new();
                         for p in tape
                             .params
                             .iter()
@@ -808,12 +839,28 @@ impl Dist {
                         {
                             dist.comm_always = dist.comm_always.saturating_add(p.bytes);
                             let s = tape.values[p.value].storage;
+                            persistent.insert(s);
                             for u in &mut dist.units {
                                 if u.grads.iter().any(|g| tape.values[g.0].storage == s) {
                                     u.gathered_bytes = u.gathered_bytes.saturating_sub(p.bytes);
                                 }
                             }
                         }
+                        dist.prefetch = Some(Prefetch {
+                            bucket_elems: z.prefetch_bucket_elems,
+                            max_live_elems: z.max_live_parameters,
+                            params: dist
+                                .units
+                                .iter()
+                                .map(|u| {
+                                    u.params
+                                        .iter()
+                                        .filter(|(s, _, _)| !persistent.contains(s))
+                                        .map(|&(_, n, b)| (n, b))
+                                        .collect()
+                                })
+                                .collect(),
+                        });
                     }
                 }
             }
@@ -1008,6 +1055,7 @@ fn units(
         reshard_after_forward,
         gather_buffer: false,
         reduce_buffer_bytes: 0,
+        params: Vec::new(),
     };
     for (range, block) in ranges {
         // Outside blocks without a root: one unit per layer's run of steps.
@@ -1032,6 +1080,7 @@ fn units(
                 reshard_after_forward,
                 gather_buffer: false,
                 reduce_buffer_bytes: 0,
+                params: Vec::new(),
             };
             for i in piece {
                 for &v in &tape.steps[i].inputs {
@@ -1050,6 +1099,9 @@ fn units(
                     };
                     target.gathered_bytes = target.gathered_bytes.saturating_add(whole_bytes(p));
                     target.numel = target.numel.saturating_add(p.numel);
+                    target
+                        .params
+                        .push((tape.values[p.value].storage, p.numel, whole_bytes(p)));
                     if let Some(t) = trainable_of.get(&p.value) {
                         target.grads.push((t.value, t.grad_bytes, shard_grad(t)));
                     }

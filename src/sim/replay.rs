@@ -61,6 +61,13 @@ pub(super) struct Replay<'a> {
     dist: Option<&'a Dist>,
     /// Per unit of `dist`: whether its parameters are gathered now.
     gathered: Vec<bool>,
+    /// ZeRO-3 prefetch ([`super::parallel::Prefetch`]), per unit: how many of its parameters
+    /// (in order), elements and bytes are gathered before its own fetch.
+    prefetched: Vec<(usize, u64, u64)>,
+    /// ZeRO-3: gathered, unreleased elements (`__n_available_params`), and where its prefetch
+    /// queue stands: position in the fetch order (units forward, then backward) and parameter.
+    available: u64,
+    queue: (usize, usize),
     /// The caching allocator fed every tensor, when asked for ([`Replay::with_heap`]).
     pub heap: Option<Heap>,
     /// FSDP2's last all-gather output in forward, kept until the next all-gather: its bytes
@@ -141,6 +148,9 @@ impl<'a> Replay<'a> {
             snapshot: None,
             dist: None,
             gathered: Vec::new(),
+            prefetched: Vec::new(),
+            available: 0,
+            queue: (0, 0),
             heap: None,
             pending_gather: 0,
             pending_unit: None,
@@ -163,6 +173,7 @@ impl<'a> Replay<'a> {
     /// Replays the step as one rank of `dist`'s plan.
     pub(super) fn distributed(&mut self, dist: &'a Dist) {
         self.gathered = vec![false; dist.units.len()];
+        self.prefetched = vec![(0, 0, 0); dist.units.len()];
         self.dist = Some(dist);
     }
 
@@ -177,7 +188,13 @@ impl<'a> Replay<'a> {
         }
         self.gathered[u] = true;
         let unit = &d.units[u];
-        let w = unit.gathered_bytes;
+        // What a prefetch already gathered is counted.
+        let (_, numel, bytes) = std::mem::take(&mut self.prefetched[u]);
+        let w = unit.gathered_bytes.saturating_sub(bytes);
+        if let Some(pf) = &d.prefetch {
+            let all = pf.params[u].iter().fold(0u64, |a, p| a.saturating_add(p.0));
+            self.available = self.available.saturating_add(all.saturating_sub(numel));
+        }
         // The all-gather output first, then the unsharded parameters it is copied out into.
         if unit.gather_buffer {
             self.heap_alloc(Key::GatherBuffer(u), w);
@@ -208,6 +225,54 @@ impl<'a> Replay<'a> {
             self.gathered[u] = false;
             self.sub(Category::CommBuffers, d.units[u].gathered_bytes);
             self.heap_free(Key::Gathered(u));
+            if let Some(pf) = &d.prefetch {
+                let all = pf.params[u].iter().fold(0u64, |a, p| a.saturating_add(p.0));
+                self.available = self.available.saturating_sub(all);
+            }
+        }
+    }
+
+    /// ZeRO-3's prefetch as a layer of unit `u` (or of none) starts in `phase`
+    /// ([`super::parallel::Prefetch`]; DeepSpeed runs `fetch_sub_module` for every module,
+    /// parameters or not): the queue moves past `u`, then its next parameters are gathered,
+    /// those not available, until the elements started reach `min(max_live - available,
+    /// bucket)` (checked before each parameter, so the last one may pass it).
+    fn prefetch(&mut self, u: Option<usize>, phase: Phase) {
+        let Some(d) = self.dist else { return };
+        let Some(pf) = &d.prefetch else { return };
+        let n = pf.params.len();
+        if let Some(u) = u {
+            let at = if phase == Phase::Forward {
+                u
+            } else {
+                2 * n - 1 - u
+            };
+            if self.queue.0 <= at {
+                self.queue = (at + 1, 0);
+            }
+        }
+        let limit = pf
+            .max_live_elems
+            .saturating_sub(self.available)
+            .min(pf.bucket_elems);
+        let mut started = 0u64;
+        while started < limit && self.queue.0 < 2 * n {
+            let (k, j) = self.queue;
+            let v = if k < n { k } else { 2 * n - 1 - k };
+            let Some(&(numel, bytes)) = pf.params[v].get(j) else {
+                self.queue = (k + 1, 0);
+                continue;
+            };
+            self.queue.1 += 1;
+            // Available: gathered whole, or this parameter already prefetched.
+            if self.gathered[v] || j < self.prefetched[v].0 {
+                continue;
+            }
+            let p = &mut self.prefetched[v];
+            *p = (j + 1, p.1.saturating_add(numel), p.2.saturating_add(bytes));
+            self.available = self.available.saturating_add(numel);
+            started = started.saturating_add(numel);
+            self.add(Category::CommBuffers, bytes);
         }
     }
 
@@ -597,6 +662,9 @@ impl<'a> Replay<'a> {
     pub(super) fn forward(&mut self, training: bool) {
         let (tape, facts) = (self.tape, self.facts);
         let units = self.dist.map_or(&[][..], |d| &d.units[..]);
+        // ZeRO-3 starts each forward with a fresh prefetch queue (`reset_step`, from the
+        // module's forward pre-hook).
+        self.queue = (0, 0);
         for (i, step) in tape.steps.iter().enumerate() {
             if let Some(h) = &mut self.heap {
                 h.note(|| format!("# F {i} {:?} {}", step.op, tape.layers[step.layer].path));
@@ -606,6 +674,13 @@ impl<'a> Replay<'a> {
                 if unit.steps.start == i {
                     self.gather(u, Phase::Forward, Some(step.layer));
                 }
+            }
+            // ZeRO-3 prefetches as each module's forward starts: here each layer's.
+            if i == 0 || tape.steps[i - 1].layer != step.layer {
+                self.prefetch(
+                    units.iter().position(|u| u.steps.contains(&i)),
+                    Phase::Forward,
+                );
             }
             let scratch = self.scratch(&step.scratch.0);
             for &s in &step.allocs {
@@ -714,6 +789,17 @@ impl<'a> Replay<'a> {
                 if unit.steps.end == i + 1 {
                     self.gather(u, Phase::Backward, Some(tape.steps[i].layer));
                 }
+            }
+            // ... and as each module's backward starts.
+            if tape
+                .steps
+                .get(i + 1)
+                .is_none_or(|s| s.layer != tape.steps[i].layer)
+            {
+                self.prefetch(
+                    units.iter().position(|u| u.steps.contains(&i)),
+                    Phase::Backward,
+                );
             }
             if let Some(&g) = seg_by_end.get(&(i + 1)) {
                 self.recompute(g, &grads);
