@@ -455,3 +455,48 @@ fn the_allocator_replays_each_ranks_stream() {
         "{figures:?}"
     );
 }
+
+/// `--budget` and `--max-batch` are per GPU: the tiny Llama in float32 (seq 128, AdamW, CPU)
+/// under a 700 MiB budget fits no batch on one GPU (batch 1 already needs more), 3 per GPU
+/// under FSDP full-shard on 2 GPUs and 5 on 4 (smaller shards). At the batch found, each GPU's
+/// figure is within the budget, one more is over it.
+#[test]
+fn max_batch_is_per_gpu() {
+    let base = [
+        "examples/llama_tiny.toml",
+        "--seq",
+        "128",
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--budget",
+        "700MiB",
+    ];
+    // Exit 1 when over budget: the report is on stdout all the same.
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        args.extend(["--format", "json"]);
+        let out = crate::common::memest(&args);
+        serde_json::from_slice(&out.stdout).expect("a JSON report")
+    };
+    assert_eq!(u(&run(&["--max-batch"]), "max_batch"), 0);
+    for (gpus, found) in [("2", 3u64), ("4", 5)] {
+        let plan = ["--gpus", gpus, "--fsdp", "full-shard"];
+        let mut extra = plan.to_vec();
+        extra.push("--max-batch");
+        let r = run(&extra);
+        assert_eq!(u(&r, "max_batch"), found, "{gpus} GPUs");
+        assert!(r["budget"]["fits"].as_bool().expect("fits"), "{gpus} GPUs");
+        let next = (found + 1).to_string();
+        let mut extra = plan.to_vec();
+        extra.extend(["--batch", next.as_str()]);
+        let over = run(&extra);
+        assert!(
+            !over["budget"]["fits"].as_bool().expect("fits"),
+            "{gpus} GPUs"
+        );
+        assert!(u(&over, "peak_bytes") > 700 << 20, "{gpus} GPUs");
+    }
+}
