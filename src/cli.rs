@@ -301,8 +301,8 @@ pub struct Cli {
     #[arg(long, help_heading = "Several GPUs", conflicts_with_all = ["max_batch", "max_context", "sweep", "plan"])]
     min_gpus: bool,
     /// `auto`: list the plans (DDP, ZeRO-1/2/3, FSDP, with and without offload) on --gpus N,
-    /// cheapest in memory first, and whether each fits the --budget/--gpu.
-    #[arg(long, value_name = "auto", value_parser = ["auto"], help_heading = "Several GPUs", conflicts_with_all = ["max_batch", "max_context", "sweep"])]
+    /// cheapest in memory first, and whether each fits the --budget/--gpu (a table or JSON).
+    #[arg(long, value_name = "auto", value_parser = ["auto"], help_heading = "Several GPUs", conflicts_with_all = ["max_batch", "max_context", "sweep", "per_layer", "explain", "timeline"])]
     plan: Option<String>,
     /// Tensor-parallel degree (Megatron-style column/row splits of attention heads and MLP,
     /// vocab-parallel embedding and LM head); data parallel = gpus / (tp · pp · cp). Without
@@ -410,7 +410,12 @@ fn parse_probability(s: &str) -> Result<f64, String> {
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
+    match parse_size(s).map_err(|e| e.to_string())? {
+        0 => Err(format!(
+            "a budget must be positive: `{s}` is 0 bytes (give the memory one GPU has, e.g. 24GiB)"
+        )),
+        n => Ok(n),
+    }
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -636,8 +641,19 @@ impl Cli {
     ///
     /// # Errors
     /// Flag combinations clap cannot check: `--context` against a different `--mode` or
-    /// `--seq` (an agreeing one is accepted), `--sweep` against the size it sets.
+    /// `--seq` (an agreeing one is accepted), `--sweep` against the size it sets, `--plan auto`
+    /// with `--format csv` or `markdown`.
     pub fn into_request(self) -> Result<Request> {
+        if self.plan.is_some() && matches!(self.format, OutputFormat::Csv | OutputFormat::Markdown)
+        {
+            anyhow::bail!(
+                "--plan auto prints its plans as a table or as JSON: --format {} is not supported with it (use --format table or json)",
+                match self.format {
+                    OutputFormat::Csv => "csv",
+                    _ => "markdown",
+                }
+            );
+        }
         if let Some(sweep) = &self.sweep {
             let given = match sweep.dimension {
                 Dimension::Batch => self.batch.is_some(),

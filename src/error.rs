@@ -99,6 +99,8 @@ pub enum LayerErrorKind {
         key: &'static str,
         /// The copy count.
         count: u64,
+        /// The copies of the enclosing blocks, their counts multiplied (1 outside blocks).
+        enclosing: u64,
         /// Operators traced by one copy.
         per_copy: u64,
         /// The limit.
@@ -128,11 +130,23 @@ impl fmt::Display for LayerErrorKind {
             LayerErrorKind::TooManyOperators {
                 key,
                 count,
+                enclosing: 1,
                 per_copy,
                 limit,
             } => write!(
                 f,
                 "{count} copies (`{key}`) of {per_copy} operators each are more than the {limit} operators memest traces; lower `{key}`"
+            ),
+            LayerErrorKind::TooManyOperators {
+                key,
+                count,
+                enclosing,
+                per_copy,
+                limit,
+            } => write!(
+                f,
+                "{count} copies (`{key}`) of {per_copy} operators each, in {enclosing} copies of the enclosing blocks, make {} operators, more than the {limit} operators memest traces; lower `{key}` or the enclosing blocks' `count`",
+                u128::from(*count) * u128::from(*per_copy) * u128::from(*enclosing)
             ),
         }
     }

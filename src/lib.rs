@@ -216,6 +216,24 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
             .warnings
             .push(report::Warning::ExpandableSegmentsWithoutAllocator);
     }
+    if o.cudnn_workspace.is_some() {
+        let cuda = report.settings.device == vocab::Device::Cuda;
+        let conv = [
+            spec::LayerKind::Conv1d,
+            spec::LayerKind::Conv2d,
+            spec::LayerKind::Conv3d,
+            spec::LayerKind::ConvTranspose1d,
+            spec::LayerKind::ConvTranspose2d,
+            spec::LayerKind::ConvTranspose3d,
+        ]
+        .into_iter()
+        .any(|k| has_kind(&spec.layers, k));
+        if !cuda || !conv {
+            report
+                .warnings
+                .push(report::Warning::CudnnWorkspaceWithoutConvolutions { cuda });
+        }
+    }
     if o.checkpoint
         && !spec
             .layers
@@ -484,6 +502,15 @@ fn estimate_with(
             return Err(Error::setting(
                 error::SettingKey::Mode,
                 "--mode generate models a decoder-only causal LM (causal self-attention, no cross-attention); this model is not one",
+            ));
+        }
+        if has_kind(&spec.layers, spec::LayerKind::MaskedScatter) {
+            // transformers runs the vision tower and splices its features in the prefill only
+            // (`LlavaForConditionalGeneration.prepare_inputs_for_generation` passes
+            // `pixel_values` on the first step); the decode steps read text tokens alone.
+            return Err(Error::setting(
+                error::SettingKey::Mode,
+                "--mode generate is not modelled for image+text models (this one splices image features into the text with `masked_scatter`: LLaVA, Qwen2-VL); estimate the prefill as one inference pass with --mode infer",
             ));
         }
         // Generation is not extended symbolically.

@@ -96,8 +96,9 @@ pub fn plans(p: &crate::report::PlansReport, units: UnitSystem) -> String {
     );
     let _ = writeln!(
         out,
-        "plans for {} on {} GPUs, cheapest in memory first ({budget}):",
-        p.model, p.gpus
+        "plans for {} on {}, cheapest in memory first ({budget}):",
+        p.model,
+        crate::units::count(p.gpus, "GPU")
     );
     let mut table = Table::new();
     table.load_style(presets::UTF8_FULL_CONDENSED);
@@ -583,9 +584,9 @@ pub fn sweep(reports: &[Report], sweep: &Sweep, units: UnitSystem) -> String {
         let _ = writeln!(out, "run:   {} (first row)", run_line(first));
         let _ = writeln!(
             out,
-            "sweep over {}: {} values",
+            "sweep over {}: {}",
             sweep.name(),
-            sweep.values.len()
+            crate::units::count(sweep.values.len() as u64, "value")
         );
     }
     let (header, rows) = sweep_rows(reports, sweep, units);

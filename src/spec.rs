@@ -326,6 +326,9 @@ fn layer_key_error(
     kind_keys: KindKeys,
 ) -> Option<(Option<Vec<usize>>, String)> {
     use serde_path_to_error::Segment;
+    if let Some(rest) = message.strip_prefix("unknown variant `") {
+        return mode_value_error(doc, path, rest).map(|m| (None, m));
+    }
     let rest = message.strip_prefix("unknown field `")?;
     let field = rest.split('`').next()?;
     let segments: Vec<&Segment> = path.iter().collect();
@@ -376,6 +379,56 @@ fn layer_key_error(
             },
             common.join(", ")
         ),
+    ))
+}
+
+/// An unknown `mode` value of an `upsample` or `pad` layer, listing that kind's modes only (the
+/// file's `mode` key is one closed set for both kinds, so serde lists all of them). `rest` is
+/// serde's message after "unknown variant `".
+fn mode_value_error(
+    doc: &serde_json::Value,
+    path: &serde_path_to_error::Path,
+    rest: &str,
+) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let value = rest.split('`').next()?;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let (Segment::Map { key }, head) = segments.split_last()? else {
+        return None;
+    };
+    if key != "mode" {
+        return None;
+    }
+    let mut cur = doc;
+    for seg in head {
+        cur = match seg {
+            Segment::Map { key } => cur.get(key)?,
+            Segment::Seq { index } => cur.get(index)?,
+            _ => return None,
+        };
+    }
+    let kind = LayerKind::parse_name(cur.get("kind")?.as_str()?)?;
+    let modes: Vec<&str> = match kind {
+        LayerKind::Upsample => [FillMode::Nearest, FillMode::Linear, FillMode::Bilinear]
+            .map(FillMode::as_str)
+            .to_vec(),
+        LayerKind::Pad => [
+            FillMode::Constant,
+            FillMode::Reflect,
+            FillMode::Replicate,
+            FillMode::Circular,
+        ]
+        .map(FillMode::as_str)
+        .to_vec(),
+        _ => return None,
+    };
+    let hint = crate::error::nearest(value, &modes)
+        .map(|n| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default();
+    let listed: Vec<String> = modes.iter().map(|m| format!("`{m}`")).collect();
+    Some(format!(
+        "unknown `mode` value `{value}` for `{kind}`{hint}; expected one of {}",
+        listed.join(", ")
     ))
 }
 

@@ -23,6 +23,17 @@ impl fmt::Display for ParseSizeError {
 
 impl std::error::Error for ParseSizeError {}
 
+/// `n` and a countable noun, singular for one: `count(1, "GPU")` is "1 GPU", `count(2, "GPU")`
+/// "2 GPUs" (the plural adds `s`).
+#[must_use]
+pub fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// Reads a size in bytes: plain bytes (`1024`), IEC units (`KiB`, `MiB`, `GiB`, `TiB`, powers of
 /// 1024) or SI units (`KB`, `MB`, `GB`, `TB`, powers of 1000), in any case (`24gb`, `24GIB`). A
 /// bare letter is a power of 1024, as docker and most command-line tools read it: `24G` and

@@ -48,6 +48,12 @@ pub enum Warning {
     /// `--expandable-segments` where the CUDA caching allocator is not modelled (`--device
     /// cpu`, or a multi-GPU plan other than DDP and FSDP alone).
     ExpandableSegmentsWithoutAllocator,
+    /// `--cudnn-workspace` where no convolution takes it: the estimate is not on CUDA
+    /// (`--device cpu`), or the model has no convolution layer.
+    CudnnWorkspaceWithoutConvolutions {
+        /// The estimate is on CUDA (so the model has no convolution).
+        cuda: bool,
+    },
     /// A key of a `--deepspeed` or `--accelerate` config that memest reads but does not model,
     /// or does not know.
     ConfigKey {
@@ -101,6 +107,13 @@ impl Warning {
                 "--max-context stopped at the {max_positions} positions {origin} was trained for (max_position_embeddings); {fits} tokens would fit the budget (--allow-long-context searches past the limit)"
             ),
             Warning::ConfigKey { file, key, message } => format!("{file}: {key}: {message}"),
+            Warning::CudnnWorkspaceWithoutConvolutions { cuda: false } => {
+                "--cudnn-workspace has no effect: cuDNN's convolution workspace is taken on CUDA only, not with --device cpu"
+                    .to_string()
+            }
+            Warning::CudnnWorkspaceWithoutConvolutions { cuda: true } => {
+                format!("--cudnn-workspace has no effect: {origin} has no convolution layer (the workspace is taken by cuDNN's convolutions)")
+            }
             Warning::ExpandableSegmentsWithoutAllocator => {
                 "--expandable-segments has no effect: the CUDA caching allocator is modelled on CUDA for one GPU or each rank of DDP and FSDP (not --device cpu, DeepSpeed ZeRO, tensor, pipeline, context or expert parallelism, or offloading)"
                     .to_string()

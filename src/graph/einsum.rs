@@ -46,7 +46,9 @@ impl Subscript {
 /// Equations outside these forms are refused, naming the layer: one or more than two operands,
 /// no `->`, a letter repeated in an operand (a diagonal), a letter in one operand only that is
 /// not in the output (ATen sums it first), no contracted letter (an elementwise or outer
-/// product: use `mul`), `...` in some but not all of the three parts.
+/// product: use `mul`), `...` in some but not all of the three parts, and an equation that moves
+/// the batch dimension (the output's first subscript must come first in each operand that has
+/// it, and one operand must have it, as `transpose` keeps dimension 0).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EinsumCfg {
     /// The equation as written.
@@ -175,6 +177,17 @@ fn parse(equation: &str) -> Result<EinsumCfg, String> {
             "`equation` \"{equation}\" contracts no subscript (an elementwise or outer product, which ATen runs as `mul`): use a `mul` layer"
         ));
     }
+    // Every layer's output has the batch first (a model's shapes are `[B, ...]`); the tracer and
+    // every later layer read dimension 0 as the batch, as `transpose` keeps it. The output's
+    // first subscript is its batch: each operand that has it must have it first (an operand
+    // without it is a weight shared by the batch, `bij,jk->bik`).
+    let batch = output.first();
+    let moved = |v: &[Subscript]| batch.is_some_and(|b| v.contains(b) && v.first() != Some(b));
+    if batch.is_none() || moved(&left) || moved(&right) {
+        return Err(format!(
+            "`equation` \"{equation}\": einsum cannot move the batch dimension (dimension 0): the output's first subscript (the batch, or `...`) must come first in the operands, e.g. \"bhqd,bhkd->bhqk\""
+        ));
+    }
     Ok(EinsumCfg {
         equation: equation.to_string(),
         left,
@@ -208,6 +221,9 @@ mod tests {
             ("...ij,jk->...ik", "`...` must be"),
             ("bij,bj1->bi", "not a subscript"),
             ("bij,bjk->bix", "in neither operand"),
+            ("bhqd,bhkd->qbhk", "cannot move the batch dimension"),
+            ("bij,jbk->bik", "cannot move the batch dimension"),
+            ("ij,jik->ik", "cannot move the batch dimension"),
         ] {
             let e = parse(eq).unwrap_err();
             assert!(e.contains(says), "{eq}: {e}");

@@ -108,6 +108,11 @@ pub enum Node {
     Repeat {
         /// Number of copies.
         count: u64,
+        /// The number of copies the file asks for: `count` as built. `symbolic` traces a block
+        /// with a few copies (it changes `count`), while the tracer's operator limit
+        /// ([`crate::trace::MAX_STEPS`]) counts the copies the file asks for, nested counts
+        /// multiplied.
+        written: u64,
         /// The key `count` was read from, for errors: `count`, or the Hugging Face config field
         /// it was translated from (`num_hidden_layers`).
         count_key: &'static str,
@@ -295,12 +300,15 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
 
 /// The names of a block's layers so far, each with its operation (`None` for a repeated block
 /// or a named model input), for `inputs` and `shares`.
-type Scope = HashMap<String, Option<(LayerKind, Op)>, foldhash::fast::RandomState>;
+/// Each name of a block: a single layer's kind, config and the layer as written (for `shares`'
+/// errors), or `None` for a repeat block or a named input.
+type Scope<'s> =
+    HashMap<String, Option<(LayerKind, Op, &'s LayerSpec)>, foldhash::fast::RandomState>;
 
-fn build_layers(
-    specs: &[LayerSpec],
+fn build_layers<'s>(
+    specs: &'s [LayerSpec],
     parent: &LayerAt,
-    scopes: &mut Vec<Scope>,
+    scopes: &mut Vec<Scope<'s>>,
     parent_trainable: bool,
 ) -> Result<Vec<Layer>, Error> {
     scopes.push(Scope::with_capacity_and_hasher(
@@ -383,6 +391,11 @@ fn build_layers(
         let trainable = parent_trainable && spec.trainable.unwrap_or(true);
         let node = if spec.kind == LayerKind::Repeat {
             let (count, body_specs) = read_repeat(spec, &name).map_err(&fail)?;
+            // The same slice, borrowed for the scopes' lifetime rather than the name's.
+            let body_specs: &'s [LayerSpec] = match spec.layers.as_deref() {
+                Some(b) if b.len() == body_specs.len() => b,
+                _ => &[],
+            };
             if body_specs.is_empty() {
                 return Err(fail(
                     "`layers` is empty: a block needs at least one layer".into(),
@@ -391,6 +404,7 @@ fn build_layers(
             let body = build_layers(body_specs, &label, scopes, trainable)?;
             Node::Repeat {
                 count,
+                written: count,
                 count_key: spec.count_key.unwrap_or("count"),
                 body,
             }
@@ -434,11 +448,11 @@ fn build_layers(
             )));
         }
         if let Some(owner) = &spec.shares {
-            shared_op(owner, &name, spec.kind, &node, scopes).map_err(&fail)?;
+            shared_op(owner, &name, spec, &node, scopes).map_err(&fail)?;
         }
         let scope = scopes.last_mut().expect("a scope was pushed above");
         let op = match &node {
-            Node::Op(op) => Some((spec.kind, op.clone())),
+            Node::Op(op) => Some((spec.kind, op.clone(), spec)),
             Node::Repeat { .. } => None,
         };
         if scope.insert(name.clone(), op).is_some() {
@@ -465,10 +479,11 @@ fn build_layers(
 fn shared_op(
     owner: &str,
     name: &str,
-    kind: LayerKind,
+    spec: &LayerSpec,
     node: &Node,
-    scopes: &[Scope],
+    scopes: &[Scope<'_>],
 ) -> Result<(), String> {
+    let kind = spec.kind;
     let Node::Op(op) = node else {
         return Err(format!(
             "`shares` applies to a single layer, not a block: share each of the block's layers instead (layer `{name}` shares `{owner}`)"
@@ -487,7 +502,7 @@ fn shared_op(
             "`shares` names `{owner}`, which is no earlier layer{hint}; a layer may share the parameters of an earlier layer of its block or of an enclosing block"
         ));
     };
-    let Some((their_kind, theirs)) = found else {
+    let Some((their_kind, theirs, their_spec)) = found else {
         return Err(format!(
             "layer `{name}` shares `{owner}`, which is a block or a model input; `shares` names a single layer"
         ));
@@ -499,10 +514,51 @@ fn shared_op(
     }
     if theirs != op {
         return Err(format!(
-            "layer `{name}` shares `{owner}`, but their configs differ: write `{name}` with the keys of `{owner}` ({owner}: {theirs:?}; {name}: {op:?})"
+            "layer `{name}` shares `{owner}`, but their configs differ: write `{name}` with the keys of `{owner}` ({})",
+            differing_keys(their_spec, owner, spec, name)
         ));
     }
     Ok(())
+}
+
+/// The keys on which two layers as written differ, in the file's terms: `out_features = 8 in
+/// `a`, 16 in `b`` (an absent key reads `not set`). The keys that name or place a layer (`name`,
+/// `inputs`, `shares`, `note`) are left out. Falls back to "their defaults differ" when the
+/// written keys agree.
+fn differing_keys(a: &LayerSpec, a_name: &str, b: &LayerSpec, b_name: &str) -> String {
+    let as_map = |l: &LayerSpec| match serde_json::to_value(l) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    let (ma, mb) = (as_map(a), as_map(b));
+    let mut keys: Vec<&String> = ma.keys().chain(mb.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let shown = |v: Option<&serde_json::Value>| match v {
+        None | Some(serde_json::Value::Null) => "not set".to_string(),
+        Some(v) => v.to_string(),
+    };
+    let diffs: Vec<String> = keys
+        .into_iter()
+        .filter(|k| !matches!(k.as_str(), "name" | "inputs" | "shares" | "note" | "layers"))
+        .filter(|k| {
+            let (x, y) = (ma.get(*k), mb.get(*k));
+            let unset = |v: Option<&serde_json::Value>| v.is_none_or(serde_json::Value::is_null);
+            !(x == y || unset(x) && unset(y))
+        })
+        .map(|k| {
+            format!(
+                "`{k}` = {} in `{a_name}`, {} in `{b_name}`",
+                shown(ma.get(k)),
+                shown(mb.get(k))
+            )
+        })
+        .collect();
+    if diffs.is_empty() {
+        "their keys as written agree, but the values they leave to defaults differ".into()
+    } else {
+        diffs.join("; ")
+    }
 }
 
 /// Reads a `repeat` block's keys: its copy count (at least 1) and its body.

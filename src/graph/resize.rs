@@ -114,8 +114,8 @@ impl PadCfg {
         }
         if pad.is_empty() || !pad.len().is_multiple_of(2) {
             return Err(format!(
-                "`pad` needs two widths per padded dimension (last dimension first), got {} values",
-                pad.len()
+                "`pad` needs two widths per padded dimension (last dimension first), got {}",
+                crate::units::count(pad.len() as u64, "value")
             ));
         }
         if mode != FillMode::Constant && pad.len() > 6 {

@@ -603,6 +603,16 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         None => infer_model_type(header.architectures.as_deref())?,
     };
     let family = Family::from_model_type(&model_type).ok_or_else(|| {
+        if model_type == "gemma3" {
+            // transformers' Gemma3Config (Gemma3ForConditionalGeneration): a SigLIP vision
+            // tower and a Gemma 3 text model, whose config is its `text_config`
+            // (Gemma3TextConfig, model_type `gemma3_text`).
+            return field_error(
+                "model_type",
+                "model_type `gemma3` is the multimodal Gemma 3 (Gemma3ForConditionalGeneration: a SigLIP vision tower and the text model), which memest does not read; it reads the text model, model_type `gemma3_text`: a Gemma3ForCausalLM config (gemma-3-1b), or this config's `text_config` saved as its own file"
+                    .to_string(),
+            );
+        }
         let all = supported();
         let near = crate::error::nearest(&model_type, &all)
             .map(|n| format!(" (the nearest supported one is `{n}`)"))
@@ -1028,6 +1038,21 @@ mod tests {
             .find(|l| l.name.as_deref() == Some("score"))
             .unwrap();
         assert_eq!(score.out_features, Some(2));
+    }
+
+    #[test]
+    fn multimodal_gemma3_points_to_the_text_config() {
+        let Err(Error::Hf(HfError { message: m, .. })) =
+            spec_of(&json!({"model_type": "gemma3"}), Head::Auto)
+        else {
+            panic!("expected an import error")
+        };
+        assert!(
+            m.contains("model_type `gemma3` is the multimodal Gemma 3")
+                && m.contains("model_type `gemma3_text`")
+                && !m.contains("nearest supported one is `gemma`"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -569,14 +569,15 @@ impl Plan {
         }
         let model = model.join(", ");
         if self.model_parallel_only() && self.pipeline.is_none() {
-            return format!("{model} over {gpus} GPUs") + &self.describe_offload();
+            return format!("{model} over {}", crate::units::count(gpus, "GPU"))
+                + &self.describe_offload();
         }
         // Under tensor, context or pipeline parallelism the engine spans the data-parallel
         // ranks, not every GPU.
         let over = if self.data_parallel().is_some_and(|dp| dp != gpus) {
-            format!("{} data-parallel ranks", self.data_parallel().unwrap_or(1))
+            crate::units::count(self.data_parallel().unwrap_or(1), "data-parallel rank")
         } else {
-            format!("{gpus} GPUs")
+            crate::units::count(gpus, "GPU")
         };
         let engine = match self.sharding {
             Sharding::Ddp(_) if self.pp > 1 && self.data_parallel() == Some(1) => {

@@ -110,6 +110,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         cur_layer: LayerId::default(),
         segment: None,
         in_block: false,
+        written_copies: 1,
         block_kept: Vec::new(),
         label: LayerAt::default(),
         quantized: std::collections::HashSet::new(),
@@ -292,6 +293,9 @@ struct Tracer<'a> {
     segment: Option<SegmentId>,
     /// Inside a copy of an outermost repeated block (see [`Tape::blocks`]).
     in_block: bool,
+    /// The copies of the layers traced now as the file asks for them: the product of the
+    /// enclosing blocks' `written` counts (1 outside blocks), for the operator limit.
+    written_copies: u64,
     /// Per enclosing block, innermost last: values a Python local keeps until the block returns
     /// (`add`'s `keep_inputs`), read by the block's closing [`AtenOp::Return`] step.
     block_kept: Vec<Vec<ValueId>>,
@@ -711,6 +715,7 @@ impl Tracer<'_> {
                 }
                 Node::Repeat {
                     count,
+                    written,
                     count_key,
                     body,
                 } => {
@@ -726,11 +731,16 @@ impl Tracer<'_> {
                     for copy in 0..*count {
                         if copy == 1 {
                             // Every copy traces the same operators: refuse before tracing the
-                            // others when they would pass the cap.
+                            // others when they would pass the cap. The copies counted are those
+                            // the file asks for, this block's and the enclosing blocks' counts
+                            // multiplied (the unrolled model holds at least that many), so a
+                            // nested block is refused in the first copy of its enclosing
+                            // blocks, and `symbolic`'s few-copy traces are refused as well.
                             let per_copy = self.tape.steps.len() - first_step;
                             let total = u64::try_from(per_copy)
                                 .ok()
-                                .and_then(|p| p.checked_mul(*count))
+                                .and_then(|p| p.checked_mul(*written))
+                                .and_then(|p| p.checked_mul(self.written_copies))
                                 .and_then(|t| t.checked_add(first_step as u64));
                             if total.is_none_or(|t| t > MAX_STEPS as u64) {
                                 self.label.clone_from(&layer.label);
@@ -738,7 +748,8 @@ impl Tracer<'_> {
                                     self.label.clone(),
                                     LayerErrorKind::TooManyOperators {
                                         key: count_key,
-                                        count: *count,
+                                        count: *written,
+                                        enclosing: self.written_copies,
                                         per_copy: per_copy as u64,
                                         limit: MAX_STEPS,
                                     },
@@ -771,7 +782,10 @@ impl Tracer<'_> {
                         let outermost = !self.in_block;
                         self.in_block = true;
                         self.block_kept.push(Vec::new());
+                        let enclosing = self.written_copies;
+                        self.written_copies = enclosing.saturating_mul(*written);
                         let y = self.layers(body, x, scopes, &path, copies);
+                        self.written_copies = enclosing;
                         self.in_block = !outermost;
                         let kept = self.block_kept.pop().unwrap_or_default();
                         scopes.pop();
@@ -830,7 +844,57 @@ impl Tracer<'_> {
             prev = out;
         }
         self.layer_params.pop();
+        if prefix.is_empty()
+            && !chunked_loss_done
+            && self.training()
+            && matches!(self.s.loss, Loss::Chunked { .. })
+        {
+            return Err(self.chunked_loss_blocked(layers));
+        }
         Ok(prev)
+    }
+
+    /// Why `--loss chunked-ce` found no LM head `linear` directly followed by a `cross_entropy`
+    /// among the top-level `layers`: the layer between them (a logit scale or soft-cap), the
+    /// model's other loss, or no loss; located at that layer (the last layer when none).
+    fn chunked_loss_blocked(&mut self, layers: &[Layer]) -> Error {
+        const WHAT: &str = "--loss chunked-ce runs the LM head (a `linear`) chunk by chunk straight into `cross_entropy` (torchtune's CEWithChunkedOutputLoss)";
+        let ce = layers
+            .iter()
+            .position(|l| matches!(l.node, Node::Op(Op::CrossEntropy(_))));
+        let other = layers
+            .iter()
+            .find(|l| matches!(l.node, Node::Op(Op::MseLoss(_))));
+        let (at, message) = match (ce, other) {
+            (Some(i), _) if i > 0 => {
+                let before = &layers[i - 1];
+                (
+                    &before.label,
+                    format!(
+                        "{WHAT}, and this layer sits between the head and the loss (it changes the logits, which the chunked loss does not do); use --loss ce"
+                    ),
+                )
+            }
+            (Some(i), _) => (
+                &layers[i].label,
+                format!("{WHAT}; no `linear` head comes before this loss; use --loss ce"),
+            ),
+            (None, Some(mse)) => (
+                &mse.label,
+                format!(
+                    "{WHAT}; this model's loss is `mse_loss`, not a cross-entropy; use --loss ce"
+                ),
+            ),
+            (None, None) => match layers.last() {
+                Some(last) => (
+                    &last.label,
+                    format!("{WHAT}; the model has no `cross_entropy` layer; use --loss ce"),
+                ),
+                None => return self.err(format!("{WHAT}; the model has no layers")),
+            },
+        };
+        self.label.clone_from(at);
+        self.err(message)
     }
 
     /// `hidden_states[:, -1:, :]`, the LM head's input under `logits_to_keep = 1`

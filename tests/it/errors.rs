@@ -207,6 +207,25 @@ fn stdin_over_the_size_limit_is_refused() {
 }
 
 #[test]
+fn operator_cap_multiplies_nested_counts() {
+    // 100 copies of a block of 100,000 copies of one linear: 20,000,000 operators. Each block
+    // alone is under the cap, and the symbolic path's few-copy traces were too: it used to trace
+    // 1.2 to 1.8 million operators three times (over 60 s and 3.5 GB) before unrolling refused it.
+    let src = "[input]\nshape = [1000]\n[[layers]]\nname = \"outer\"\nkind = \"repeat\"\ncount = 100\n  [[layers.layers]]\n  name = \"inner\"\n  kind = \"repeat\"\n  count = 100000\n    [[layers.layers.layers]]\n    kind = \"linear\"\n    out_features = 1000\n";
+    let m = TempModel::new("toml", src);
+    let start = std::time::Instant::now();
+    let err = fails(&[m.arg()]);
+    assert_has(
+        &err,
+        &[
+            ":7:3: layer #1 \"outer\" (repeat) > layer #1 \"inner\" (repeat): 100000 copies (`count`) of 2 operators each, in 100 copies of the enclosing blocks, make 20000000 operators",
+            "more than the 2000000 operators memest traces; lower `count` or the enclosing blocks' `count`",
+        ],
+    );
+    assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+}
+
+#[test]
 fn a_huge_name_gets_no_suggestion_quickly() {
     // Comparing a megabyte-long name with each candidate used to take seconds.
     let name = "x".repeat(1 << 20);
@@ -480,7 +499,9 @@ fn shares_names_an_earlier_layer_of_the_same_kind_and_config() {
     let m = model("kind = \"linear\"\nname = \"fc2\"\nout_features = 4\nshares = \"fc\"\n");
     assert_has(
         &fails(&[m.arg()]),
-        &["layer `fc2` shares `fc`, but their configs differ"],
+        &[
+            "layer `fc2` shares `fc`, but their configs differ: write `fc2` with the keys of `fc` (`out_features` = 8 in `fc`, 4 in `fc2`)",
+        ],
     );
     // Same config, but the input is wider than the shared weight.
     let m = TempModel::new(

@@ -895,6 +895,11 @@ fn einsum_refuses_what_it_does_not_model() {
         ("bii,bij->bj", "[\"input\", \"input\"]", "appears twice"),
         ("bij,bjk->bik", "[\"input\"]", "takes two `inputs`"),
         (
+            "bij,bjk->ibk",
+            "[\"input\", \"input\"]",
+            "einsum cannot move the batch dimension (dimension 0)",
+        ),
+        (
             "bij,bjk->bik",
             "[\"input\", \"input\"]",
             "subscript `j` has size 5",

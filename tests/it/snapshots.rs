@@ -262,6 +262,10 @@ mod flags {
         llama_tiny_plan_auto_gpus16 => ["examples/llama_tiny.toml", "--seq", "128", "--batch", "2", "--optim", "adamw", "--dtype", "bf16", "--gpus", "16", "--plan", "auto", "--gpu", "h100"],
         offload_with_ddp => [MLP, "--gpus", "2", "--offload", "optimizer"],
         offload_without_gpus => [MLP, "--zero", "2", "--offload", "optimizer"],
+        mlp_sweep_one_value => [MLP, "--sweep", "batch=4"],
+        llama_tiny_zero1_on_one_gpu => ["examples/llama_tiny.toml", "--gpus", "1", "--zero", "1"],
+        mlp_cudnn_workspace_without_convolutions => [MLP, "--cudnn-workspace", "64MiB"],
+        resnet18_cudnn_workspace_on_cpu => ["examples/resnet18.toml", "--device", "cpu", "--cudnn-workspace", "64MiB"],
     }
 
     #[test]
@@ -367,6 +371,21 @@ mod error {
         lora_targets_without_rank => ["examples/mlp.toml", "--lora-targets", "q"],
         unknown_flag => ["examples/mlp.toml", "--bach", "4"],
         adafactor_on_fsdp2_shards => ["examples/mlp.toml", "--optim", "adafactor", "--gpus", "2", "--fsdp", "full-shard"],
+        chunked_ce_after_logit_scale => ["tests/fixtures/hf/granite_tiny.json", "--loss", "chunked-ce"],
+        chunked_ce_after_softcap => ["tests/fixtures/hf/gemma2_tiny.json", "--loss", "chunked-ce"],
+        chunked_ce_with_mse_loss => ["tests/fixtures/hf/unet_tiny.json", "--loss", "chunked-ce"],
+        chunked_ce_without_loss => ["examples/mlp.toml", "--loss", "chunked-ce"],
+        chunked_ce_on_a_classifier => ["examples/resnet50.toml", "--loss", "chunked-ce"],
+        budget_zero => ["examples/mlp.toml", "--budget", "0"],
+        budget_zero_bytes_with_unit => ["examples/mlp.toml", "--budget", "0GiB"],
+        gemma3_multimodal_config => ["tests/fixtures/hf/gemma3_multimodal.json"],
+        generate_on_llava => ["tests/fixtures/hf/llava_tiny.json", "--prompt", "700", "--new-tokens", "4"],
+        generate_on_qwen2_vl => ["tests/fixtures/hf/qwen2_vl_tiny.json", "--prompt", "700", "--new-tokens", "4"],
+        plan_auto_with_csv => ["examples/llama_tiny.toml", "--gpus", "2", "--plan", "auto", "--format", "csv"],
+        plan_auto_with_markdown => ["examples/llama_tiny.toml", "--gpus", "2", "--plan", "auto", "--format", "markdown"],
+        plan_auto_with_per_layer => ["examples/llama_tiny.toml", "--gpus", "2", "--plan", "auto", "--per-layer"],
+        plan_auto_with_explain => ["examples/llama_tiny.toml", "--gpus", "2", "--plan", "auto", "--explain"],
+        plan_auto_with_timeline => ["examples/llama_tiny.toml", "--gpus", "2", "--plan", "auto", "--timeline", "t.svg"],
     }
 
     use super::{check_stdin, check_temp};
@@ -424,6 +443,62 @@ mod error {
             "error_out_features_overflow",
             "toml",
             b"[input]\nshape = [4]\n[[layers]]\nkind = \"linear\"\nout_features = 18446744073709551615\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn nested_repeats_past_the_operator_cap() {
+        check_temp(
+            "error_nested_repeats_past_the_operator_cap",
+            "toml",
+            b"[input]\nshape = [1000]\n[[layers]]\nname = \"outer\"\nkind = \"repeat\"\ncount = 100\n  [[layers.layers]]\n  name = \"inner\"\n  kind = \"repeat\"\n  count = 100000\n    [[layers.layers.layers]]\n    kind = \"linear\"\n    out_features = 1000\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn shares_with_another_config() {
+        check_temp(
+            "error_shares_with_another_config",
+            "toml",
+            b"[input]\nshape = [4]\n[[layers]]\nkind = \"linear\"\nname = \"a\"\nout_features = 4\n[[layers]]\nkind = \"linear\"\nname = \"x\"\nout_features = 8\nbias = false\nshares = \"a\"\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn upsample_unknown_mode() {
+        check_temp(
+            "error_upsample_unknown_mode",
+            "toml",
+            b"[input]\nshape = [3, 8, 8]\n[[layers]]\nkind = \"upsample\"\nscale_factor = 2\nmode = \"bicubic\"\n",
+            &[],
+        );
+        check_temp(
+            "error_pad_unknown_mode",
+            "json",
+            br#"{"input": {"shape": [3, 8, 8]}, "layers": [{"kind": "pad", "pad": [1, 1], "mode": "reflection"}]}"#,
+            &[],
+        );
+    }
+
+    #[test]
+    fn pad_with_one_value() {
+        check_temp(
+            "error_pad_with_one_value",
+            "toml",
+            b"[input]\nshape = [3, 8, 8]\n[[layers]]\nkind = \"pad\"\npad = [1]\n",
+            &[],
+        );
+    }
+
+    #[test]
+    fn einsum_moving_the_batch() {
+        check_temp(
+            "error_einsum_moving_the_batch",
+            "toml",
+            b"[input]\nshape = [4, 64, 32]\n[[layers]]\nkind = \"linear\"\nname = \"q\"\nout_features = 32\n[[layers]]\nkind = \"einsum\"\nname = \"s\"\ninputs = [\"q\", \"input\"]\nequation = \"bqd,bkd->qbk\"\n",
             &[],
         );
     }
