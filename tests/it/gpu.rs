@@ -291,12 +291,27 @@ fn cudnn_workspaces_go_through_the_allocator() {
         text.contains("cuDNN convolution workspaces (--cudnn-workspace SIZE counts them)"),
         "{text}"
     );
+    // Where no convolution takes it, the workspace changes nothing and a warning says so.
+    let warned = |args: &[&str], says: &str| -> Value {
+        let mut all = args.to_vec();
+        all.extend(["--cudnn-workspace", "64MiB", "--format", "json"]);
+        let out = memest(&all);
+        assert_eq!(code(&out), 0, "{}", describe(&out));
+        assert!(stderr(&out).contains(says), "{}", describe(&out));
+        serde_json::from_slice(&out.stdout).expect("a JSON report")
+    };
     let mlp = report(&[MLP]);
-    let mlp_ws = report(&[MLP, "--cudnn-workspace", "64MiB"]);
+    let mlp_ws = warned(
+        &[MLP],
+        "warning: --cudnn-workspace has no effect: examples/mlp.toml has no convolution layer",
+    );
     for key in ["peak_bytes", "reserved_peak_bytes", "device_bytes"] {
         assert_eq!(u(&mlp, key), u(&mlp_ws, key), "{key}");
     }
     let cpu = report(&[RESNET, "--device", "cpu"]);
-    let cpu_ws = report(&[RESNET, "--device", "cpu", "--cudnn-workspace", "64MiB"]);
+    let cpu_ws = warned(
+        &[RESNET, "--device", "cpu"],
+        "warning: --cudnn-workspace has no effect: cuDNN's convolution workspace is taken on CUDA only",
+    );
     assert_eq!(u(&cpu, "peak_bytes"), u(&cpu_ws, "peak_bytes"));
 }

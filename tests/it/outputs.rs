@@ -259,7 +259,7 @@ fn sweep_prints_one_row_per_value() {
         2
     );
     let table = stdout(&memest(&[MLP, "--sweep", "seq=1", "--mode", "infer"]));
-    assert!(table.contains("sweep over seq: 1 values"), "{table}");
+    assert!(table.contains("sweep over seq: 1 value\n"), "{table}");
 }
 
 /// A sweep over the budget exits 1 and names the values that do not fit; bad syntax exits 2.
