@@ -5,7 +5,8 @@
 //!   `attention.py`'s `JointTransformerBlock`, `attention_processor.py`'s
 //!   `JointAttnProcessor2_0`, `normalization.py`'s `AdaLayerNormZero` and
 //!   `AdaLayerNormContinuous`, `embeddings.py`'s `PatchEmbed` and
-//!   `CombinedTimestepTextProjEmbeddings`).
+//!   `CombinedTimestepTextProjEmbeddings`), with Stable Diffusion 3.5's `qk_norm` (`RMSNorm`) and
+//!   `dual_attention_layers` (`SD35AdaLayerNormZeroX` and the image-only `attn2`).
 //! - `FluxTransformer2DModel` (FLUX.1: `transformer_flux.py`'s `FluxTransformerBlock`,
 //!   `FluxSingleTransformerBlock`, `FluxAttnProcessor` with `attention_dispatch.py`'s native
 //!   backend, `FluxPosEmbed`; `CombinedTimestepGuidanceTextProjEmbeddings`).
@@ -139,6 +140,9 @@ struct Builder<'a> {
     head_dim: u64,
     /// The conditioning embedding every adaptive norm reads (`temb`).
     temb: String,
+    /// SD3.5's `qk_norm = "rms_norm"`: diffusers' `RMSNorm` on each head's queries and keys
+    /// (`T5LayerNorm`'s computation: `rmsnorm` with `style = "t5"`).
+    qk_norm: bool,
 }
 
 impl Builder<'_> {
@@ -240,6 +244,53 @@ impl Builder<'_> {
         Ok(self.push(transpose(&format!("{p}.{proj}.heads"), &v)))
     }
 
+    /// With `qk_norm`, diffusers' `RMSNorm(head_dim)` on the queries and keys (`names`).
+    fn qk_norms(&mut self, p: &str, qkv: &mut [String], names: [&str; 2]) {
+        if !self.qk_norm {
+            return;
+        }
+        for (t, name) in qkv.iter_mut().zip(names) {
+            *t = self.push(LayerSpec {
+                style: Some(crate::spec::Style::T5),
+                ..with_inputs(layer(K::RmsNorm, &format!("{p}.{name}")), &[t.as_str()])
+            });
+        }
+    }
+
+    /// SD3.5's second attention (`attn2`, `JointAttnProcessor2_0` without text): Q, K, V of
+    /// the image stream, `view(B, -1, heads, head_dim)`, the optional norms, SDPA on the
+    /// `transpose(1, 2)` views (`sdpa` with `dim = 2`: the output transposed back is laid out
+    /// `[B, S, heads, head_dim]`, so the `reshape` that merges the heads is a view), `to_out.0`.
+    fn self_attention(&mut self, p: &str, x: &str) -> Result<String, Error> {
+        let inner = mul(self.cfg, "the attention width", self.heads, self.head_dim)?;
+        let (h, d) = (
+            dim(self.cfg, "num_attention_heads", self.heads)?,
+            dim(self.cfg, "attention_head_dim", self.head_dim)?,
+        );
+        let mut qkv = Vec::new();
+        for proj in ["to_q", "to_k", "to_v"] {
+            let l = self.push(with_inputs(
+                linear(&format!("{p}.{proj}"), inner, true),
+                &[x],
+            ));
+            qkv.push(self.push(reshape(&format!("{p}.{proj}.view"), &l, &[-1, h, d])));
+        }
+        self.qk_norms(p, &mut qkv, ["norm_q", "norm_k"]);
+        let o = self.push(LayerSpec {
+            dim: Some(2),
+            ..with_inputs(
+                layer(K::Sdpa, &format!("{p}.sdpa")),
+                &[&qkv[0], &qkv[1], &qkv[2]],
+            )
+        });
+        let inner_d = dim(self.cfg, "num_attention_heads", inner)?;
+        let merged = self.push(reshape(&format!("{p}.merged"), &o, &[-1, inner_d]));
+        Ok(self.push(with_inputs(
+            linear(&format!("{p}.to_out.0"), self.dim, true),
+            &[&merged],
+        )))
+    }
+
     /// `JointAttnProcessor2_0` on the image stream `x` (`n` tokens) and the text stream `c`:
     /// Q, K, V of each, joined along the sequence (image first: `torch.cat(.., dim=2)`, new
     /// contiguous tensors), SDPA, `transpose(1, 2).reshape(B, -1, inner)` (a copy), split back
@@ -257,10 +308,12 @@ impl Builder<'_> {
         for proj in ["to_q", "to_k", "to_v"] {
             img.push(self.heads(p, proj, x)?);
         }
+        self.qk_norms(p, &mut img, ["norm_q", "norm_k"]);
         let mut txt = Vec::new();
         for proj in ["add_q_proj", "add_k_proj", "add_v_proj"] {
             txt.push(self.heads(p, proj, c)?);
         }
+        self.qk_norms(p, &mut txt, ["norm_added_q", "norm_added_k"]);
         let mut qkv = Vec::new();
         for (i, what) in ["query", "key", "value"].iter().enumerate() {
             qkv.push(self.push(LayerSpec {
@@ -309,8 +362,25 @@ impl Builder<'_> {
         c: &str,
         n: u64,
         context_pre_only: bool,
+        dual: bool,
     ) -> Result<(String, Option<String>), Error> {
-        let (nx, emb) = self.ada_norm_zero(&format!("{p}.norm1"), x)?;
+        // `SD35AdaLayerNormZeroX` (`use_dual_attention`): nine chunks, the same normalized input
+        // modulated a second time (`scale_msa2`, `shift_msa2`) for `attn2`.
+        let (nx, emb, nx2) = if dual {
+            let p1 = format!("{p}.norm1");
+            let emb = self.modulation(&p1, 9)?;
+            let shift = self.chunk(&p1, "shift_msa", &emb, 0)?;
+            let scale = self.chunk(&p1, "scale_msa", &emb, 1)?;
+            let n = self.push(plain_norm(&format!("{p1}.norm"), x));
+            let m = self.modulate(&p1, &n, &scale, &shift);
+            let shift2 = self.chunk(&p1, "shift_msa2", &emb, 6)?;
+            let scale2 = self.chunk(&p1, "scale_msa2", &emb, 7)?;
+            let m2 = self.modulate(&format!("{p1}.2"), &n, &scale2, &shift2);
+            (m, emb, Some(m2))
+        } else {
+            let (m, emb) = self.ada_norm_zero(&format!("{p}.norm1"), x)?;
+            (m, emb, None)
+        };
         let (nc, c_emb) = if context_pre_only {
             (
                 self.ada_norm_continuous(&format!("{p}.norm1_context"), c)?,
@@ -323,7 +393,12 @@ impl Builder<'_> {
         let (a, ca) = self.joint_attention(&format!("{p}.attn"), &nx, &nc, n, context_pre_only)?;
         let n1 = format!("{p}.norm1");
         let gate = self.chunk(&n1, "gate_msa", &emb, 2)?;
-        let x1 = self.gated_residual(&format!("{p}.attn_out"), x, &gate, &a);
+        let mut x1 = self.gated_residual(&format!("{p}.attn_out"), x, &gate, &a);
+        if let Some(nx2) = nx2 {
+            let a2 = self.self_attention(&format!("{p}.attn2"), &nx2)?;
+            let gate2 = self.chunk(&n1, "gate_msa2", &emb, 8)?;
+            x1 = self.gated_residual(&format!("{p}.attn2_out"), &x1, &gate2, &a2);
+        }
         let shift = self.chunk(&n1, "shift_mlp", &emb, 3)?;
         let scale = self.chunk(&n1, "scale_mlp", &emb, 4)?;
         let gate = self.chunk(&n1, "gate_mlp", &emb, 5)?;
@@ -375,18 +450,17 @@ pub(super) fn sd3(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> {
     let refuse = |key: &str, what: &str| {
         Err(cfg.field_err(key, format!("`{key}`: {what} is not supported yet")))
     };
-    if let Some(Some(q)) = &c.qk_norm {
-        return refuse("qk_norm", &format!("\"{q}\""));
-    }
-    if c.dual_attention_layers
-        .as_ref()
-        .is_some_and(|v| !v.is_empty())
-    {
-        return refuse(
-            "dual_attention_layers",
-            "a non-empty list (SD3.5's second attention)",
-        );
-    }
+    let qk_norm = match c.qk_norm.as_ref().and_then(Option::as_deref) {
+        None => false,
+        Some("rms_norm") => true,
+        Some(q) => {
+            return refuse(
+                "qk_norm",
+                &format!("\"{q}\" (supported: \"rms_norm\", null)"),
+            );
+        }
+    };
+    let dual = c.dual_attention_layers.clone().unwrap_or_default();
     let sample = cfg.required("sample_size", Some(c.sample_size.unwrap_or(128)))?;
     let patch = cfg.required("patch_size", Some(c.patch_size.unwrap_or(2)))?;
     let in_ch = cfg.required("in_channels", Some(c.in_channels.unwrap_or(16)))?;
@@ -477,6 +551,7 @@ pub(super) fn sd3(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> {
         heads,
         head_dim,
         temb: String::new(),
+        qk_norm,
     };
     let d = dim(cfg, "num_attention_heads", inner)?;
     // pos_embed: `proj` (a patch×patch conv), `flatten(2).transpose(1, 2)`, plus the cropped
@@ -508,7 +583,14 @@ pub(super) fn sd3(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> {
     let mut x = x;
     for i in 0..layers {
         let last = i + 1 == layers;
-        let (xo, co) = b.joint_block(&format!("transformer_blocks.{i}"), &x, &ctx, n, last)?;
+        let (xo, co) = b.joint_block(
+            &format!("transformer_blocks.{i}"),
+            &x,
+            &ctx,
+            n,
+            last,
+            dual.contains(&i),
+        )?;
         x = xo;
         if let Some(co) = co {
             ctx = co;
@@ -801,6 +883,7 @@ pub(super) fn flux(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> 
         heads,
         head_dim,
         temb: String::new(),
+        qk_norm: false,
     };
     let mut x = b.push(with_inputs(linear("x_embedder", inner, true), &["input"]));
     // time_text_embed: the timestep's (and guidance's) embedding plus the pooled text's.
@@ -926,13 +1009,8 @@ mod tests {
         for (key, value, want) in [
             (
                 "qk_norm",
-                json!("rms_norm"),
-                "`qk_norm`: \"rms_norm\" is not supported yet",
-            ),
-            (
-                "dual_attention_layers",
-                json!([0, 1]),
-                "`dual_attention_layers`: a non-empty list",
+                json!("layer_norm"),
+                "`qk_norm`: \"layer_norm\" (supported: \"rms_norm\", null) is not supported yet",
             ),
             (
                 "caption_projection_dim",
@@ -959,6 +1037,17 @@ mod tests {
         c["qk_norm"] = json!(null);
         c["dual_attention_layers"] = json!([]);
         assert!(build(&c, "SD3Transformer2DModel").is_ok());
+        // SD3.5: a second attention in the listed blocks, RMSNorm on Q and K of both streams.
+        c["qk_norm"] = json!("rms_norm");
+        c["dual_attention_layers"] = json!([0]);
+        let d = build(&c, "SD3Transformer2DModel").unwrap();
+        let has = |n: &str| d.layers.iter().any(|l| l.name.as_deref() == Some(n));
+        assert!(has("transformer_blocks.0.attn2.to_out.0"));
+        assert!(has("transformer_blocks.0.norm1.gate_msa2"));
+        assert!(!has("transformer_blocks.1.attn2.to_out.0"));
+        for n in ["norm_q", "norm_k", "norm_added_q", "norm_added_k"] {
+            assert!(has(&format!("transformer_blocks.1.attn.{n}")), "{n}");
+        }
     }
 
     #[test]

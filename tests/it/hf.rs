@@ -140,6 +140,17 @@ const PARAM_COUNTS: &[(&str, u64)] = &[
         "examples/hf/stable-diffusion-3-medium-transformer.json",
         2_028_328_000,
     ),
+    // stabilityai/stable-diffusion-3.5-medium: 24 blocks, the first 13 with SD3.5's second
+    // attention (`attn2`, a 9-chunk `SD35AdaLayerNormZeroX`), RMSNorm on every head's Q and K.
+    (
+        "examples/hf/stable-diffusion-3.5-medium-transformer.json",
+        2_243_171_520,
+    ),
+    // stabilityai/stable-diffusion-3.5-large: 38 blocks of 38 heads (2432 wide), qk_norm.
+    (
+        "examples/hf/stable-diffusion-3.5-large-transformer.json",
+        8_056_627_520,
+    ),
     // black-forest-labs/FLUX.1-dev's transformer (FluxTransformer2DModel): 19 double-stream and
     // 38 single-stream blocks of 3072, the guidance embedder.
     ("examples/hf/flux.1-dev-transformer.json", 11_901_408_320),
