@@ -399,27 +399,34 @@ impl Builder<'_> {
             let gate2 = self.chunk(&n1, "gate_msa2", &emb, 8)?;
             x1 = self.gated_residual(&format!("{p}.attn2_out"), &x1, &gate2, &a2);
         }
-        let shift = self.chunk(&n1, "shift_mlp", &emb, 3)?;
-        let scale = self.chunk(&n1, "scale_mlp", &emb, 4)?;
-        let gate = self.chunk(&n1, "gate_mlp", &emb, 5)?;
-        let n2 = self.push(plain_norm(&format!("{p}.norm2"), &x1));
-        let m = self.modulate(&format!("{p}.norm2"), &n2, &scale, &shift);
-        let ff = self.feed_forward(&format!("{p}.ff"), &m)?;
-        let x2 = self.gated_residual(&format!("{p}.ff_out"), &x1, &gate, &ff);
+        let x2 = self.ff_half(p, false, &x1, &emb)?;
         let (Some(ca), Some(c_emb)) = (ca, c_emb) else {
             return Ok((x2, None));
         };
         let n1 = format!("{p}.norm1_context");
         let gate = self.chunk(&n1, "gate_msa", &c_emb, 2)?;
         let c1 = self.gated_residual(&format!("{p}.context_attn_out"), c, &gate, &ca);
-        let shift = self.chunk(&n1, "shift_mlp", &c_emb, 3)?;
-        let scale = self.chunk(&n1, "scale_mlp", &c_emb, 4)?;
-        let gate = self.chunk(&n1, "gate_mlp", &c_emb, 5)?;
-        let n2 = self.push(plain_norm(&format!("{p}.norm2_context"), &c1));
-        let m = self.modulate(&format!("{p}.norm2_context"), &n2, &scale, &shift);
-        let ff = self.feed_forward(&format!("{p}.ff_context"), &m)?;
-        let c2 = self.gated_residual(&format!("{p}.context_ff_out"), &c1, &gate, &ff);
+        let c2 = self.ff_half(p, true, &c1, &c_emb)?;
         Ok((x2, Some(c2)))
+    }
+
+    /// The feed-forward half of a joint block on one stream (`JointTransformerBlock`,
+    /// `FluxTransformerBlock`): `shift_mlp`, `scale_mlp` and `gate_mlp` (chunks 3, 4 and 5 of the
+    /// stream's `AdaLayerNormZero` embedding `emb`), `norm2` (no affine) of `x1`, the modulation,
+    /// `ff` and the gated residual onto `x1`. `context`: the text stream, whose modules diffusers
+    /// names `norm1_context`, `norm2_context`, `ff_context`. Returns the stream `[B, tokens, dim]`.
+    fn ff_half(&mut self, p: &str, context: bool, x1: &str, emb: &str) -> Result<String, Error> {
+        let sfx = if context { "_context" } else { "" };
+        let n1 = format!("{p}.norm1{sfx}");
+        let shift = self.chunk(&n1, "shift_mlp", emb, 3)?;
+        let scale = self.chunk(&n1, "scale_mlp", emb, 4)?;
+        let gate = self.chunk(&n1, "gate_mlp", emb, 5)?;
+        let norm2 = format!("{p}.norm2{sfx}");
+        let n2 = self.push(plain_norm(&norm2, x1));
+        let m = self.modulate(&norm2, &n2, &scale, &shift);
+        let ff = self.feed_forward(&format!("{p}.ff{sfx}"), &m)?;
+        let out = if context { "context_ff_out" } else { "ff_out" };
+        Ok(self.gated_residual(&format!("{p}.{out}"), x1, &gate, &ff))
     }
 
     /// `TimestepEmbedding`/`PixArtAlphaTextProjection`: `linear_1`, SiLU, `linear_2`.
@@ -756,23 +763,11 @@ impl Builder<'_> {
         let n1 = format!("{p}.norm1");
         let gate = self.chunk(&n1, "gate_msa", &emb, 2)?;
         let x1 = self.gated_residual(&format!("{p}.attn_out"), x, &gate, &out);
-        let shift = self.chunk(&n1, "shift_mlp", &emb, 3)?;
-        let scale = self.chunk(&n1, "scale_mlp", &emb, 4)?;
-        let gate = self.chunk(&n1, "gate_mlp", &emb, 5)?;
-        let n2 = self.push(plain_norm(&format!("{p}.norm2"), &x1));
-        let m = self.modulate(&format!("{p}.norm2"), &n2, &scale, &shift);
-        let ff = self.feed_forward(&format!("{p}.ff"), &m)?;
-        let x2 = self.gated_residual(&format!("{p}.ff_out"), &x1, &gate, &ff);
+        let x2 = self.ff_half(p, false, &x1, &emb)?;
         let n1 = format!("{p}.norm1_context");
         let gate = self.chunk(&n1, "gate_msa", &c_emb, 2)?;
         let c1 = self.gated_residual(&format!("{p}.context_attn_out"), c, &gate, &ctx);
-        let shift = self.chunk(&n1, "shift_mlp", &c_emb, 3)?;
-        let scale = self.chunk(&n1, "scale_mlp", &c_emb, 4)?;
-        let gate = self.chunk(&n1, "gate_mlp", &c_emb, 5)?;
-        let n2 = self.push(plain_norm(&format!("{p}.norm2_context"), &c1));
-        let m = self.modulate(&format!("{p}.norm2_context"), &n2, &scale, &shift);
-        let ff = self.feed_forward(&format!("{p}.ff_context"), &m)?;
-        let c2 = self.gated_residual(&format!("{p}.context_ff_out"), &c1, &gate, &ff);
+        let c2 = self.ff_half(p, true, &c1, &c_emb)?;
         Ok((x2, c2))
     }
 
