@@ -6,8 +6,8 @@
 use super::Resolved;
 use super::config::{BertConfig, Cfg, layer_count, prob, required};
 use super::layers::{
-    activation, add, cross_entropy, embedding, layer, layernorm, linear, module_path, push,
-    push_dropout, repeat,
+    activation, cross_entropy, embedding, encoder_layer_tail, layer, layernorm, linear,
+    module_path, push, push_dropout, repeat,
 };
 use crate::error::Error;
 use crate::spec::{LayerKind as K, LayerSpec};
@@ -112,23 +112,14 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
             ..layer(K::Attention, "attention.self")
         },
     );
-    let prev = push_dropout(&mut body, "attention.output.dropout", hidden_p, attn);
-    push(&mut body, add("attention.residual", "input", &prev));
-    let attn_ln = push(&mut body, layernorm("attention.output.LayerNorm"));
-    push(&mut body, linear("intermediate.dense", intermediate, true));
-    push(
+    encoder_layer_tail(
         &mut body,
-        activation(
-            cfg,
-            "hidden_act",
-            act_name,
-            "intermediate.intermediate_act_fn",
-        )?,
-    );
-    let prev = push(&mut body, linear("output.dense", hidden, true));
-    let prev = push_dropout(&mut body, "output.dropout", hidden_p, prev);
-    push(&mut body, add("output.residual", &attn_ln, &prev));
-    push(&mut body, layernorm("output.LayerNorm"));
+        cfg,
+        attn,
+        (hidden, intermediate),
+        hidden_p,
+        act_name,
+    )?;
     push(
         &mut out,
         repeat(&p("encoder.layer"), "num_hidden_layers", n_layers, body),

@@ -5,8 +5,8 @@
 use super::Resolved;
 use super::config::{Cfg, DebertaV2Config, prob};
 use super::layers::{
-    activation, add, cross_entropy, embedding, layer, layernorm, linear, module_path, push,
-    push_dropout, repeat, with_inputs,
+    activation, add, cross_entropy, embedding, encoder_layer_tail, layer, layernorm, linear,
+    module_path, push, push_dropout, repeat, with_inputs,
 };
 use crate::error::Error;
 use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes};
@@ -178,23 +178,14 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
             ..layer(K::DisentangledAttention, "attention.self")
         },
     );
-    let prev = push_dropout(&mut body, "attention.output.dropout", hidden_p, attn);
-    push(&mut body, add("attention.residual", "input", &prev));
-    let attn_ln = push(&mut body, layernorm("attention.output.LayerNorm"));
-    push(&mut body, linear("intermediate.dense", intermediate, true));
-    push(
+    encoder_layer_tail(
         &mut body,
-        activation(
-            cfg,
-            "hidden_act",
-            act_name,
-            "intermediate.intermediate_act_fn",
-        )?,
-    );
-    let prev = push(&mut body, linear("output.dense", hidden, true));
-    let prev = push_dropout(&mut body, "output.dropout", hidden_p, prev);
-    push(&mut body, add("output.residual", &attn_ln, &prev));
-    push(&mut body, layernorm("output.LayerNorm"));
+        cfg,
+        attn,
+        (hidden, intermediate),
+        hidden_p,
+        act_name,
+    )?;
     match conv {
         None => {
             push(

@@ -115,6 +115,40 @@ pub(super) fn push_dropout(out: &mut Vec<LayerSpec>, name: &str, p: f64, prev: S
     }
 }
 
+/// The rest of a BERT-style encoder layer after its self-attention `attn` (transformers'
+/// `BertLayer` after `BertSelfAttention`; RoBERTa's and DeBERTa-v2's `DebertaV2Layer` are the
+/// same): `attention.output`'s dropout, the residual onto the layer's `input` and its LayerNorm,
+/// `intermediate.dense` `[B, S, hidden] → [B, S, intermediate]` with `hidden_act`,
+/// `output.dense` back to `[B, S, hidden]`, its dropout, the residual and `output.LayerNorm`.
+/// Dropouts are left out at probability 0 (`hidden_p`). Errors: an unknown `hidden_act`.
+pub(super) fn encoder_layer_tail(
+    body: &mut Vec<LayerSpec>,
+    cfg: &Cfg,
+    attn: String,
+    (hidden, intermediate): (u64, u64),
+    hidden_p: f64,
+    act_name: &str,
+) -> Result<(), Error> {
+    let prev = push_dropout(body, "attention.output.dropout", hidden_p, attn);
+    push(body, add("attention.residual", "input", &prev));
+    let attn_ln = push(body, layernorm("attention.output.LayerNorm"));
+    push(body, linear("intermediate.dense", intermediate, true));
+    push(
+        body,
+        activation(
+            cfg,
+            "hidden_act",
+            act_name,
+            "intermediate.intermediate_act_fn",
+        )?,
+    );
+    let prev = push(body, linear("output.dense", hidden, true));
+    let prev = push_dropout(body, "output.dropout", hidden_p, prev);
+    push(body, add("output.residual", &attn_ln, &prev));
+    push(body, layernorm("output.LayerNorm"));
+    Ok(())
+}
+
 /// transformers' `QuickGELUActivation` (`quick_gelu`: CLIP, Qwen2-VL's vision MLP) after the
 /// layer `x`: `x * torch.sigmoid(1.702 * x)`, as `scale`, `sigmoid` and `mul`; returns the
 /// name of the last.
