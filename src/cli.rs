@@ -224,7 +224,8 @@ pub struct Cli {
     /// Image size in pixels: 512 or HEIGHTxWIDTH (1024x768). A diffusers UNet config reads the
     /// VAE's latent of it, [channels, H/8, W/8], a multiple of 8 (default: the config's
     /// sample_size · 8); a vision or multimodal transformers config (ViT, CLIP, LLaVA, …) reads
-    /// its image_size and checks this against it.
+    /// its image_size and checks this against it; DINOv2 reads any size, its position table
+    /// interpolated to the image's patches.
     #[arg(long, value_name = "SIZE")]
     image: Option<memest::hf::ImageSize>,
     /// Print the model as a memest description (TOML), e.g. translated from a Hugging Face

@@ -2,7 +2,7 @@
 //! `scale`, `cross_entropy`.
 
 use super::keys::{KeyReader, key};
-use crate::spec::{CombineKind, LayerKind};
+use crate::spec::{CombineKind, LayerKind, Pair};
 
 /// Activation functions, with the tensors autograd keeps for each (see [`crate::trace`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +191,13 @@ pub struct ParameterCfg {
     /// buffers); `combine = "add"` reads its leading `shape` elements, copied out when smaller
     /// (diffusers' `PatchEmbed.cropped_pos_embed`).
     pub buffer: Option<Vec<u64>>,
+    /// `size = [h, w]`: the table, `[1, 1 + g², D]` (a class row, then a `g × g` grid of patch
+    /// rows), is resized to an `h × w` grid before it is added, as transformers'
+    /// `Dinov2Embeddings.interpolate_pos_encoding` does for an image of another size than the
+    /// config's: the patch rows viewed as `[1, D, g, g]`, cast to float32, bicubic
+    /// `F.interpolate` to `[1, D, h, w]`, cast back, and joined to the class row with
+    /// `torch.cat` (`models/dinov2/modeling_dinov2.py`).
+    pub interpolate: Option<Pair>,
 }
 
 impl ParameterCfg {
@@ -200,6 +207,7 @@ impl ParameterCfg {
         let combine = r.opt(key!(s.combine));
         let dim = r.opt(key!(s.dim));
         let buffer = r.opt(key!(s.buffer));
+        let interpolate = r.pair_opt(key!(s.size));
         r.finish()?;
         let positive = |key: &str, shape: &[i64]| -> Result<Vec<u64>, String> {
             shape
@@ -226,6 +234,23 @@ impl ParameterCfg {
                 ));
             }
         }
+        if let Some(Pair(h, w)) = interpolate {
+            if combine.is_some_and(|c| c != CombineKind::Add) || buffer.is_some() {
+                return Err(
+                    "`size` (an interpolated position table) applies only with combine = \"add\" and no `buffer`"
+                        .into(),
+                );
+            }
+            let grid = match dims.as_slice() {
+                [1, n, _] => square_root(n - 1),
+                _ => None,
+            };
+            if grid.is_none() {
+                return Err(format!(
+                    "`size` = [{h}, {w}] interpolates a position table of shape [1, 1 + g·g, D] (a class row and a square grid), got `shape` {dims:?}"
+                ));
+            }
+        }
         let combine = match combine {
             Some(CombineKind::Concat) => Combine::Concat(dim.unwrap_or(1)),
             _ if dim.is_some() => {
@@ -239,8 +264,26 @@ impl ParameterCfg {
             shape: dims,
             combine,
             buffer,
+            interpolate,
         })
     }
+
+    /// The side `g` of the square grid of patch rows in a `[1, 1 + g², D]` table read with
+    /// `size` (checked when the config was read).
+    #[must_use]
+    pub fn grid_side(&self) -> Option<u64> {
+        match self.shape.as_slice() {
+            [1, n, _] => square_root(n - 1),
+            _ => None,
+        }
+    }
+}
+
+/// The whole square root of `n`, when `n` is a positive square.
+fn square_root(n: u64) -> Option<u64> {
+    // `isqrt` is exact on integers.
+    let r = n.isqrt();
+    (r > 0 && r.checked_mul(r) == Some(n)).then_some(r)
 }
 
 /// torchvision's `StochasticDepth(p, "row")`: in training multiplies by a `[B, 1, ..]` noise

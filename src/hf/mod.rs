@@ -563,8 +563,9 @@ pub fn to_spec(text: &str, head: Head) -> Result<ModelSpec, Error> {
 /// # Errors
 /// As [`to_spec`]; [`Error::Setting`] when `image` is not a multiple of 8 pixels for a
 /// diffusers UNet, is given for a text-only config, or differs from a fixed-size vision tower's
-/// `image_size` (ViT, DINOv2, CLIP, SigLIP, LLaVA's: transformers refuses another size there
-/// without `interpolate_pos_encoding`).
+/// `image_size` (ViT, CLIP, SigLIP, LLaVA's: transformers refuses another size there without
+/// `interpolate_pos_encoding=True`); DINOv2 takes any image whose sides are at least its
+/// `patch_size`, its position table interpolated to the image's patch grid.
 pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<ModelSpec, Error> {
     let value = serde_json::from_str::<Value>(text).ok();
     if let Some(class) = value
@@ -668,16 +669,20 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
             };
             match clip::tower(&cfg, head, kind, tower, nested)? {
                 (layers, clip::Reads::Image { channels, size }) => {
-                    image = Some(vision::Image { channels, size });
+                    image = Some(vision::Image {
+                        channels,
+                        height: size,
+                        width: size,
+                    });
                     (layers, size)
                 }
                 (layers, clip::Reads::Tokens(n)) => (layers, n),
             }
         }
         Family::Vision(kind) => {
-            let (layers, img) = vision::vision(&cfg, head, kind)?;
+            let (layers, img) = vision::vision(&cfg, head, kind, asked_image)?;
             image = Some(img);
-            (layers, img.size)
+            (layers, img.height)
         }
         Family::Gpt2 => gpt2::gpt2(&cfg, head)?,
         Family::GptBigCode => gpt2::gpt_bigcode(&cfg, head)?,
@@ -700,10 +705,11 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
                     "--image {asked}: model_type `{model_type}` reads no image"
                 )));
             }
-            Some(img) if (asked.height, asked.width) != (img.size, img.size) => {
+            Some(img) if (asked.height, asked.width) != (img.height, img.width) => {
                 return Err(image_error(format!(
-                    "--image {asked}: {model_type} reads {s}x{s} pixels (its `image_size`); transformers refuses another size without interpolate_pos_encoding",
-                    s = img.size
+                    "--image {asked}: {model_type} reads {h}x{w} pixels (its `image_size`); transformers fails on another size unless the forward is called with interpolate_pos_encoding=True (ViT and CLIP raise a ValueError, SigLIP's position table does not broadcast), which memest does not model; DINOv2, which always interpolates, takes any size",
+                    h = img.height,
+                    w = img.width
                 )));
             }
             _ => {}
@@ -751,8 +757,8 @@ pub fn to_spec_with(text: &str, head: Head, image: Option<ImageSize>) -> Result<
         Some(img) => InputSpec {
             shape: vec![
                 DimSpec::Fixed(img.channels),
-                DimSpec::Fixed(img.size),
-                DimSpec::Fixed(img.size),
+                DimSpec::Fixed(img.height),
+                DimSpec::Fixed(img.width),
             ],
             dtype: None,
         },

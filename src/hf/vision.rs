@@ -5,24 +5,31 @@
 //! Both embed the image the same way: a `patch_size` convolution with stride `patch_size`
 //! (`patch_embeddings.projection`), `flatten(2).transpose(1, 2)` to `[batch, patches, hidden]`,
 //! the `[1, 1, hidden]` CLS token expanded over the batch and concatenated in front, and the
-//! learned `[1, patches + 1, hidden]` position embeddings added (at the config's image size
-//! neither model interpolates them: `interpolate_pos_encoding` returns the table as it is).
+//! learned `[1, patches + 1, hidden]` position embeddings added. At the config's image size
+//! neither model interpolates them (`interpolate_pos_encoding` returns the table as it is). At
+//! another size (`--image`) DINOv2 always interpolates the table to the image's patch grid
+//! (`Dinov2Embeddings.forward` calls `interpolate_pos_encoding` unconditionally, and it resizes
+//! unless the grid has as many patches as the table and the image is square), while ViT
+//! refuses the size unless `interpolate_pos_encoding=True` is passed to its forward
+//! (`ViTPatchEmbeddings.forward` raises `ValueError`), which memest does not model.
 
-use super::Resolved;
 use super::config::{Cfg, VisionConfig, prob};
 use super::layers::{
     activation, add, cross_entropy, layer, layernorm, linear, push, push_dropout, repeat,
 };
+use super::{ImageSize, Resolved};
 use crate::error::Error;
-use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes};
+use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Pair, Sizes};
 
-/// What a vision model reads: `[batch, channels, size, size]` pixels.
+/// What a vision model reads: `[batch, channels, height, width]` pixels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Image {
     /// `num_channels`.
     pub channels: u64,
-    /// `image_size` (square).
-    pub size: u64,
+    /// Height in pixels (`image_size`, or DINOv2's `--image`).
+    pub height: u64,
+    /// Width in pixels.
+    pub width: u64,
 }
 
 /// Which vision transformer.
@@ -46,12 +53,18 @@ fn square(cfg: &Cfg, key: &str, v: Option<&Vec<u64>>, default: u64) -> Result<u6
     }
 }
 
-/// Builds ViT or DINOv2; returns the layers and the image they read.
+/// Builds ViT or DINOv2; returns the layers and the image they read: the config's
+/// `image_size`, or for DINOv2 the `asked` image (`--image`), whose patch grid the position
+/// table is interpolated to.
+///
+/// # Errors
+/// As the config readers; for DINOv2, an `asked` side smaller than `patch_size`.
 #[allow(clippy::too_many_lines)] // embeddings, the layer and the heads, in forward order
 pub(super) fn vision(
     cfg: &Cfg,
     head: Resolved,
     kind: Kind,
+    asked: Option<ImageSize>,
 ) -> Result<(Vec<LayerSpec>, Image), Error> {
     let c: VisionConfig = cfg.read()?;
     let hidden = c.hidden_size.unwrap_or(768);
@@ -89,6 +102,23 @@ pub(super) fn vision(
         .checked_mul(side)
         .and_then(|n| n.checked_add(1))
         .ok_or_else(|| cfg.err("the patch count overflows".into()))?;
+    // DINOv2 at another image size: the patch convolution (stride `patch_size`) gives
+    // `⌊height / patch⌋ × ⌊width / patch⌋` patches, and `interpolate_pos_encoding` resizes the
+    // table to that grid unless it has `side²` patches and the image is square.
+    let (height, width) = match asked {
+        Some(a) if kind == Kind::Dinov2 => {
+            if a.height < patch || a.width < patch {
+                return Err(super::image_error(format!(
+                    "--image {a}: a side is smaller than DINOv2's `patch_size` ({patch}), so the patch convolution has no output"
+                )));
+            }
+            (a.height, a.width)
+        }
+        _ => (image, image),
+    };
+    let grid = (height / patch, width / patch);
+    let interpolate = (grid.0.checked_mul(grid.1) != Some(side * side) || height != width)
+        .then_some(Pair(grid.0, grid.1));
     // Shapes are `i64`: a size past `i64::MAX` is refused, naming its field.
     let dim = |key: &str, v: u64| {
         i64::try_from(v).map_err(|_| {
@@ -198,6 +228,7 @@ pub(super) fn vision(
         &mut out,
         LayerSpec {
             shape: Some(vec![1, patches_dim, hidden_dim]),
+            size: interpolate,
             ..layer(K::Parameter, &p("embeddings.position_embeddings"))
         },
     );
@@ -327,7 +358,8 @@ pub(super) fn vision(
         out,
         Image {
             channels,
-            size: image,
+            height,
+            width,
         },
     ))
 }

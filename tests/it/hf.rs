@@ -1308,6 +1308,68 @@ fn image_flag_sizes_the_dit_latent() {
     }
 }
 
+/// DINOv2 reads any image size: transformers' `Dinov2Embeddings.interpolate_pos_encoding`
+/// resizes the position table to the image's patch grid (measured at 42 × 42 and 35 × 49 in
+/// `hf-reference*.json`). The tiny config reads 28 × 28 pixels in 7-pixel patches (a 4 × 4
+/// grid): at 30 × 30 the grid is the same and square, so the table is used as it is and only
+/// the pixels differ; at 14 × 56 (a 2 × 8 grid, the same 17 tokens) the table is
+/// interpolated, which saves nothing for backward (`upsample_bicubic2d` reads only sizes, the
+/// slices, casts and `torch.cat` none), so the saved activations stay those of the default.
+/// ViT refuses another size (transformers raises unless `interpolate_pos_encoding=True`), and
+/// a side below the patch is refused.
+#[test]
+fn dinov2_interpolates_its_position_table_to_any_image() {
+    let dino = "tests/fixtures/hf/dinov2_tiny.json";
+    let args =
+        |image: &'static str| vec![dino, "--image", image, "--batch", "4", "--device", "cpu"];
+    let plain = report(&[dino, "--batch", "4", "--device", "cpu"]);
+    let same_grid = report(&args("30"));
+    assert_eq!(same_grid["input_shape"], serde_json::json!([4, 3, 30, 30]));
+    for key in ["activations_bytes", "param_count"] {
+        assert_eq!(u(&same_grid, key), u(&plain, key), "{key}");
+    }
+    // Only the larger batch of pixels differs: 4·3·(30² − 28²) float32 = 5,568 B.
+    assert_eq!(u(&same_grid, "peak_bytes"), u(&plain, "peak_bytes") + 5_568);
+    let wide = report(&args("14x56"));
+    assert_eq!(wide["input_shape"], serde_json::json!([4, 3, 14, 56]));
+    assert_eq!(u(&wide, "param_count"), 111_040);
+    assert_eq!(
+        u(&wide, "activations_bytes"),
+        u(&plain, "activations_bytes")
+    );
+    assert_eq!(u(&plain, "activations_bytes"), 648_992);
+    // 42 × 42: a 6 × 6 grid, 37 tokens (measured: 1,412,512 B saved on the CPU).
+    let big = report(&args("42"));
+    assert_eq!(u(&big, "activations_bytes"), 1_412_512);
+    // The full-size model (518 pixels, 37 × 37 patches) at 224: 16 × 16 patches.
+    let base = report(&["examples/hf/dinov2-base.json", "--image", "224"]);
+    assert_eq!(base["input_shape"], serde_json::json!([1, 3, 224, 224]));
+    assert_eq!(u(&base, "param_count"), 86_580_480);
+    for (args, want) in [
+        (
+            &[dino, "--image", "6x28"][..],
+            "--image 6x28: a side is smaller than DINOv2's `patch_size` (7)",
+        ),
+        (
+            &["tests/fixtures/hf/vit_tiny.json", "--image", "64"][..],
+            "unless the forward is called with interpolate_pos_encoding=True",
+        ),
+    ] {
+        let err = fails(args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // The `parameter` key behind it takes a class row and a square grid only.
+    let m = TempModel::new(
+        "toml",
+        "[input]\nshape = [18, 8]\n[[layers]]\nkind = \"parameter\"\nname = \"pos\"\nshape = [1, 18, 8]\nsize = [4, 4]\n",
+    );
+    let err = fails(&[m.arg()]);
+    assert!(
+        err.contains("interpolates a position table of shape [1, 1 + g·g, D] (a class row and a square grid), got `shape` [1, 18, 8]"),
+        "{err}"
+    );
+}
+
 /// `--image`: multimodal and vision configs read it; a fixed-size tower refuses another size,
 /// a text-only config and a memest file refuse it (exit 2, naming the flag).
 #[test]

@@ -206,6 +206,8 @@ pub enum AtenOp {
     UpsampleLinear1d,
     /// `upsample_bilinear2d(self, output_size, align_corners, scales_h, scales_w)`.
     UpsampleBilinear2d,
+    /// `upsample_bicubic2d(self, output_size, align_corners, scales_h, scales_w)`.
+    UpsampleBicubic2d,
     /// `constant_pad_nd(self, pad, value)`.
     ConstantPadNd,
     /// `reflection_pad1d(self, padding)`.
@@ -379,6 +381,7 @@ impl AtenOp {
             AtenOp::UpsampleNearest2d => "upsample_nearest2d",
             AtenOp::UpsampleLinear1d => "upsample_linear1d",
             AtenOp::UpsampleBilinear2d => "upsample_bilinear2d",
+            AtenOp::UpsampleBicubic2d => "upsample_bicubic2d",
             AtenOp::ConstantPadNd => "constant_pad_nd",
             AtenOp::ReflectionPad1d => "reflection_pad1d",
             AtenOp::ReflectionPad2d => "reflection_pad2d",
@@ -786,6 +789,7 @@ impl AtenOp {
             AtenOp::UpsampleNearest2d => unary("upsample_nearest2d", SaveRule::NOTHING),
             AtenOp::UpsampleLinear1d => unary("upsample_linear1d", SaveRule::NOTHING),
             AtenOp::UpsampleBilinear2d => unary("upsample_bilinear2d", SaveRule::NOTHING),
+            AtenOp::UpsampleBicubic2d => unary("upsample_bicubic2d", SaveRule::NOTHING),
             AtenOp::ConstantPadNd => unary("constant_pad_nd", SaveRule::NOTHING),
             // `reflection_pad2d_backward(grad, self, padding)` reads the input.
             AtenOp::ReflectionPad1d => unary("reflection_pad1d", IN),

@@ -8,7 +8,18 @@ use crate::graph::{ConcatCfg, ParameterCfg, SoftmaxCfg, StochasticDepthCfg};
 /// A `parameter` joined by `add` or `mul` broadcasts to the input's shape; by `concat` it is
 /// expanded over the batch (the returned shape) and must have the input's rank.
 pub(super) fn parameter_shape(c: &ParameterCfg, x: &Shape) -> Result<Shape, ShapeError> {
-    let ps = Shape::new(c.shape.clone());
+    let ps = match (c.interpolate, c.shape.as_slice()) {
+        // The table as read: its class row and the `h × w` grid it is interpolated to.
+        (Some(Pair(h, w)), &[1, _, d]) => Shape::new(vec![
+            1,
+            sized(
+                h.checked_mul(w).and_then(|n| n.checked_add(1)),
+                "an interpolated position table",
+            )?,
+            d,
+        ]),
+        _ => Shape::new(c.shape.clone()),
+    };
     match c.combine {
         Combine::Add | Combine::Mul => {
             if broadcast(x, &ps).as_ref() != Some(x) {
@@ -70,8 +81,12 @@ impl Tracer<'_> {
         let p = self.param(Shape::new(c.shape.clone()), train)?;
         match c.combine {
             Combine::Add => {
-                self.shaped(parameter_shape(c, &xv.shape))?;
-                self.add(&[x, p], false)
+                let read = self.shaped(parameter_shape(c, &xv.shape))?;
+                let table = match (c.interpolate, c.grid_side()) {
+                    (Some(Pair(h, w)), Some(g)) => self.interpolate_table(p, g, (h, w), &read)?,
+                    _ => p,
+                };
+                self.add(&[x, table], false)
             }
             Combine::Mul => {
                 self.shaped(parameter_shape(c, &xv.shape))?;
@@ -88,6 +103,95 @@ impl Tracer<'_> {
                 self.concat(&[ev, x], a)
             }
         }
+    }
+
+    /// transformers' `Dinov2Embeddings.interpolate_pos_encoding` on the `[1, 1 + g², D]` table
+    /// `p`, to the `[1, 1 + h·w, D]` table `read`: `p[:, :1]` and `p[:, 1:]` (slices, views),
+    /// `reshape(1, g, g, D)` (a view: the slice is contiguous), `permute(0, 3, 1, 2)`,
+    /// `.to(float32)` (a copy when 16-bit), bicubic `F.interpolate` to `[1, D, h, w]`
+    /// (`upsample_bicubic2d`, which saves only sizes: `derivatives.yaml`), `.to(dtype)` back (a
+    /// copy when 16-bit), `permute(0, 2, 3, 1).view(1, -1, D)` and `torch.cat` with the class
+    /// row. `upsample_bicubic2d` gives its output its input's memory format
+    /// (`suggest_memory_format`: channels-last here, from the permute), so the permute back is
+    /// contiguous and `view` copies nothing. Nothing is kept for backward; the backward
+    /// allocates the gradients of the casts, of the interpolation (`[1, D, g, g]` float32) and
+    /// a zero `[1, 1 + g², D]` gradient for each slice.
+    fn interpolate_table(
+        &mut self,
+        p: ValueId,
+        g: u64,
+        (h, w): (u64, u64),
+        read: &Shape,
+    ) -> Result<ValueId, Error> {
+        let pv = self.val(p).clone();
+        let &[_, n, d] = pv.shape.dims() else {
+            return Err(self.err(format!(
+                "a position table to interpolate must be [1, 1 + g·g, D], got {}",
+                pv.shape
+            )));
+        };
+        let cls = self.view_op(
+            p,
+            Shape::new(vec![1, 1, d]),
+            Layout::Contiguous,
+            AtenOp::Slice,
+            false,
+        );
+        let patches = self.view_op(
+            p,
+            Shape::new(vec![1, n - 1, d]),
+            Layout::Contiguous,
+            AtenOp::Slice,
+            false,
+        );
+        let grid = self.view_op(
+            patches,
+            Shape::new(vec![1, g, g, d]),
+            Layout::Contiguous,
+            AtenOp::View,
+            true,
+        );
+        let channels = self.view_op(
+            grid,
+            Shape::new(vec![1, d, g, g]),
+            Layout::Strided,
+            AtenOp::Permute,
+            true,
+        );
+        let f32 = self.upcast_f32(channels)?;
+        let resized = self.fresh(
+            Shape::new(vec![1, d, h, w]),
+            DType::Float32,
+            "interpolated position table",
+            self.rg(f32),
+        )?;
+        self.call(Call::new(
+            AtenOp::UpsampleBicubic2d,
+            vec![f32],
+            vec![resized],
+        ))?;
+        let back = if pv.dtype == DType::Float32 {
+            resized
+        } else {
+            let out = self.fresh(
+                Shape::new(vec![1, d, h, w]),
+                pv.dtype,
+                "interpolated position table",
+                self.rg(resized),
+            )?;
+            self.call(Call::new(AtenOp::ToCopy, vec![resized], vec![out]))?;
+            out
+        };
+        let hwd = self.view_op(
+            back,
+            Shape::new(vec![1, h, w, d]),
+            Layout::Contiguous,
+            AtenOp::Permute,
+            true,
+        );
+        let rows = Shape::new(vec![1, read.dims()[1] - 1, d]);
+        let flat = self.view_op(hwd, rows, Layout::Contiguous, AtenOp::View, true);
+        self.concat(&[cls, flat], 1)
     }
 
     /// `_softmax`: keeps its output (in float32 under autocast).
@@ -248,19 +352,33 @@ mod tests {
             shape: vec![1, 197, 768],
             combine: Combine::Add,
             buffer: None,
+            interpolate: None,
         };
         assert!(parameter_shape(&add, &x).is_ok());
         let cls = ParameterCfg {
             shape: vec![1, 1, 768],
             combine: Combine::Concat(1),
             buffer: None,
+            interpolate: None,
         };
         assert_eq!(parameter_shape(&cls, &x), Ok(Shape::from([4, 1, 768])));
         let bad = ParameterCfg {
             shape: vec![2, 768],
             combine: Combine::Mul,
             buffer: None,
+            interpolate: None,
         };
         assert!(parameter_shape(&bad, &x).is_err());
+        // DINOv2's table of a 4×4 grid read at 5×6: [1, 31, D], which must broadcast to x.
+        let grid = ParameterCfg {
+            shape: vec![1, 17, 64],
+            combine: Combine::Add,
+            buffer: None,
+            interpolate: Some(Pair(5, 6)),
+        };
+        assert_eq!(grid.grid_side(), Some(4));
+        let x31 = Shape::from([2, 31, 64]);
+        assert_eq!(parameter_shape(&grid, &x31), Ok(Shape::from([1, 31, 64])));
+        assert!(parameter_shape(&grid, &Shape::from([2, 17, 64])).is_err());
     }
 }
