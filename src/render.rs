@@ -142,37 +142,40 @@ fn write_summary(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result
     write_footer(out, r, units)
 }
 
-/// Several GPUs: the plan, and each model state for the whole model (one GPU alone) beside
-/// what each GPU holds, with the communication buffers' own maximum.
-fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
-    let Some(p) = &r.parallel else {
-        return Ok(());
-    };
+/// `--min-gpus`'s outcome in words, for every format.
+pub(crate) fn min_gpus_line(m: &crate::report::MinGpus, units: UnitSystem) -> String {
     let fmt = |b: u64| format_bytes(b, units);
-    if let Some(m) = &p.min_gpus {
-        match m.gpus {
-            Some(n) => writeln!(
-                out,
-                "fewest GPUs that fit {} each: {n} (the figures are at {n})",
-                fmt(m.budget_bytes)
-            )?,
-            None => writeln!(
-                out,
-                "no number of GPUs fits {} each (tried up to {}; the per-GPU figure stopped falling or the search ended): the figures are at the size asked for",
-                fmt(m.budget_bytes),
-                m.searched_up_to
-            )?,
-        }
+    match m.gpus {
+        Some(n) => format!(
+            "fewest GPUs that fit {} each: {n} (the figures are at {n})",
+            fmt(m.budget_bytes)
+        ),
+        None => format!(
+            "no number of GPUs fits {} each (tried up to {}; the per-GPU figure stopped falling or the search ended): the figures are at the size asked for",
+            fmt(m.budget_bytes),
+            m.searched_up_to
+        ),
     }
-    writeln!(
-        out,
-        "per GPU: {}; data parallel {}; every figure above is one GPU's",
+}
+
+/// The parallel plan in words, for every format: `per GPU: FSDP full-shard over 8 GPUs; data
+/// parallel 8`.
+pub(crate) fn plan_line(p: &crate::report::ParallelReport) -> String {
+    format!(
+        "per GPU: {}; data parallel {}",
         p.description, p.data_parallel
-    )?;
-    let mut table = Table::new();
-    table.load_style(presets::UTF8_FULL_CONDENSED);
-    table.set_header(["Model state", "Whole model", "Per GPU"]);
+    )
+}
+
+/// The model-state rows of a parallel plan (name, whole model, per GPU; empty cells where a
+/// row has no whole-model figure), for every format.
+pub(crate) fn parallel_rows(
+    p: &crate::report::ParallelReport,
+    units: UnitSystem,
+) -> Vec<[String; 3]> {
+    let fmt = |b: u64| format_bytes(b, units);
     let (u, g) = (&p.unsharded, &p.per_gpu);
+    let mut rows = Vec::new();
     for (name, whole, per) in [
         ("Parameters", u.parameters_bytes, g.parameters_bytes),
         ("Gradients", u.gradients_bytes, g.gradients_bytes),
@@ -188,27 +191,46 @@ fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Resul
         ),
     ] {
         if whole > 0 || per > 0 {
-            table.add_row([name.to_string(), fmt(whole), fmt(per)]);
+            rows.push([name.to_string(), fmt(whole), fmt(per)]);
         }
     }
-    table.add_row([
+    rows.push([
         "Communication buffers (max)".to_string(),
         String::new(),
         fmt(p.comm_buffers_bytes),
     ]);
     if p.nccl_bytes > 0 {
-        table.add_row([
+        rows.push([
             "NCCL buffers (approximate)".to_string(),
             String::new(),
             fmt(p.nccl_bytes),
         ]);
     }
     if p.cpu_bytes > 0 {
-        table.add_row([
+        rows.push([
             format!("CPU memory (offload; {} pinned)", fmt(p.cpu_pinned_bytes)),
             String::new(),
             fmt(p.cpu_bytes),
         ]);
+    }
+    rows
+}
+
+/// Several GPUs: the plan, and each model state for the whole model (one GPU alone) beside
+/// what each GPU holds, with the communication buffers' own maximum.
+fn write_parallel(out: &mut String, r: &Report, units: UnitSystem) -> fmt::Result {
+    let Some(p) = &r.parallel else {
+        return Ok(());
+    };
+    if let Some(m) = &p.min_gpus {
+        writeln!(out, "{}", min_gpus_line(m, units))?;
+    }
+    writeln!(out, "{}; every figure above is one GPU's", plan_line(p))?;
+    let mut table = Table::new();
+    table.load_style(presets::UTF8_FULL_CONDENSED);
+    table.set_header(["Model state", "Whole model", "Per GPU"]);
+    for row in parallel_rows(p, units) {
+        table.add_row(row);
     }
     for i in 1..3 {
         if let Some(col) = table.column_mut(i) {

@@ -1,5 +1,8 @@
 //! `--format csv`: one header row, then one row per estimate (one, or one per `--sweep`
 //! value). Byte counts are integers in `*_bytes` columns; an absent value is an empty field.
+//! The parallel plan is named by `gpus` (ranks in all, 1 without a plan), `parallel` (the plan
+//! in words, as the table's `per GPU:` line; empty on one GPU) and `data_parallel`; every byte
+//! figure is then one GPU's.
 
 use crate::report::Report;
 use crate::settings::BudgetOn;
@@ -37,6 +40,9 @@ pub fn header() -> Vec<String> {
         "mode",
         "optimizer",
         "recipe",
+        "gpus",
+        "parallel",
+        "data_parallel",
         "param_count",
         "trainable_param_count",
         "parameters_bytes",
@@ -79,6 +85,13 @@ pub fn row(r: &Report) -> Vec<String> {
         s.mode.to_string(),
         opt(s.optimizer.map(|o| o.to_string())),
         r.recipe.name.clone(),
+        // The parallel plan, as the JSON's `parallel`: one GPU without one.
+        r.parallel.as_ref().map_or(1, |p| p.world_size).to_string(),
+        opt(r.parallel.as_ref().map(|p| p.description.clone())),
+        r.parallel
+            .as_ref()
+            .map_or(1, |p| p.data_parallel)
+            .to_string(),
     ];
     row.extend(
         [

@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use super::{CATEGORY_HEADER, category_rows, run_line, sweep_rows};
+use super::{
+    CATEGORY_HEADER, category_rows, min_gpus_line, parallel_rows, plan_line, run_line, sweep_rows,
+};
 use crate::report::Report;
 use crate::sweep::Sweep;
 use crate::units::{UnitSystem, format_bytes};
@@ -84,6 +86,18 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         cell(&run_line(r))
     );
     let _ = writeln!(out);
+    if let Some(p) = &r.parallel {
+        if let Some(m) = &p.min_gpus {
+            let _ = writeln!(out, "{}", cell(&min_gpus_line(m, units)));
+            let _ = writeln!(out);
+        }
+        let _ = writeln!(
+            out,
+            "{}; every figure below is one GPU's",
+            cell(&plan_line(p))
+        );
+        let _ = writeln!(out);
+    }
     let header: Vec<String> = CATEGORY_HEADER.iter().map(|h| (*h).to_string()).collect();
     let rows: Vec<Vec<String>> = category_rows(r, units)
         .into_iter()
@@ -104,6 +118,16 @@ pub fn summary(r: &Report, units: UnitSystem) -> String {
         let _ = write!(out, "; {v}");
     }
     let _ = writeln!(out);
+    if let Some(p) = &r.parallel {
+        // The model states sharded by the plan, as the terminal's second table.
+        let _ = writeln!(out);
+        let header = ["Model state", "Whole model", "Per GPU"].map(String::from);
+        let rows: Vec<Vec<String>> = parallel_rows(p, units)
+            .into_iter()
+            .map(|row| row.to_vec())
+            .collect();
+        table(&mut out, &header, 1, &rows);
+    }
     out
 }
 
@@ -119,6 +143,10 @@ pub fn sweep(reports: &[Report], sweep: &Sweep, units: UnitSystem) -> String {
             sweep.name()
         );
         let _ = writeln!(out);
+        if let Some(p) = &first.parallel {
+            let _ = writeln!(out, "{}; every figure is one GPU's", cell(&plan_line(p)));
+            let _ = writeln!(out);
+        }
     }
     let (header, rows) = sweep_rows(reports, sweep, units);
     table(&mut out, &header, 1, &rows);

@@ -164,7 +164,14 @@ fn csv_has_one_row_per_estimate() {
     assert_eq!(get("fits"), "false");
     for h in &header {
         let bytes = h.ends_with("_bytes");
-        let numeric = ["batch", "param_count", "trainable_param_count"].contains(&h.as_str());
+        let numeric = [
+            "batch",
+            "gpus",
+            "data_parallel",
+            "param_count",
+            "trainable_param_count",
+        ]
+        .contains(&h.as_str());
         if bytes || numeric {
             get(h)
                 .parse::<u64>()
@@ -219,6 +226,79 @@ fn markdown_has_the_tables_rows() {
         assert!(table.contains(&format!("│ {row} ")), "{row}");
         assert!(text.contains(&format!("| {row} | ")), "{row}");
     }
+}
+
+/// `--format markdown` and `--format csv` name the parallel plan as the table and the JSON do
+/// (issue 12's trial: they did not). The tiny Llama on 4 GPUs, tensor parallel 2 and ZeRO-1
+/// over the 2 data-parallel ranks: per GPU 44,049,408 B of weights (half of 88,089,600),
+/// 60,433,408 B of gradients, 88,098,820 B of optimizer state (half of 176,179,356, plus the
+/// step counters) and 44,049,408 B of master weights, the figures the JSON's `parallel` holds.
+#[test]
+fn markdown_and_csv_name_the_parallel_plan() {
+    let args = [
+        "examples/llama_tiny.toml",
+        "--gpus",
+        "4",
+        "--tp",
+        "2",
+        "--zero",
+        "1",
+    ];
+    let json = report(&args);
+    let plan = "dtensor tensor parallel 2; DeepSpeed ZeRO-1 over 2 data-parallel ranks";
+    assert_eq!(json["parallel"]["description"], plan);
+    assert_eq!(
+        u(&json["parallel"]["per_gpu"], "optimizer_state_bytes"),
+        88_098_820
+    );
+    let md = stdout(&memest(
+        &[&args[..], &["--format", "markdown", "--si"]].concat(),
+    ));
+    assert!(
+        md.contains(&format!(
+            "per GPU: {plan}; data parallel 2; every figure below is one GPU's\n"
+        )),
+        "{md}"
+    );
+    for row in [
+        "| Model state | Whole model | Per GPU |\n| --- | ---: | ---: |\n",
+        "| Parameters | 88.09 MB | 44.05 MB |\n",
+        "| Gradients | 88.09 MB | 60.43 MB |\n",
+        "| Optimizer state | 176.2 MB | 88.10 MB |\n",
+        "| Master weights | 0 B | 44.05 MB |\n",
+    ] {
+        assert!(md.contains(row), "{row}: {md}");
+    }
+    let csv_text = stdout(&memest(&[&args[..], &["--format", "csv"]].concat()));
+    let mut rd = csv::Reader::from_reader(csv_text.as_bytes());
+    let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+    let rows: Vec<csv::StringRecord> = rd.records().map(Result::unwrap).collect();
+    let get = |k: &str| rows[0][header.iter().position(|h| h == k).unwrap()].to_string();
+    assert_eq!(get("gpus"), "4");
+    assert_eq!(get("parallel"), plan);
+    assert_eq!(get("data_parallel"), "2");
+    assert_eq!(get("total_bytes"), u(&json, "total_bytes").to_string());
+    // One GPU: no plan, `gpus` 1, an empty `parallel`, and no plan line in markdown.
+    let one = stdout(&memest(&[MLP, "--format", "csv"]));
+    let mut rd = csv::Reader::from_reader(one.as_bytes());
+    let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+    let row = rd.records().next().unwrap().unwrap();
+    let at = |k: &str| row[header.iter().position(|h| h == k).unwrap()].to_string();
+    assert_eq!(
+        (at("gpus"), at("parallel"), at("data_parallel")),
+        ("1".into(), String::new(), "1".into())
+    );
+    assert!(!stdout(&memest(&[MLP, "--format", "markdown"])).contains("per GPU:"));
+    // A sweep names it once, above its rows.
+    let sweep = stdout(&memest(
+        &[&args[..], &["--sweep", "batch=1,2", "--format", "markdown"]].concat(),
+    ));
+    assert!(
+        sweep.contains(&format!(
+            "per GPU: {plan}; data parallel 2; every figure is one GPU's\n"
+        )),
+        "{sweep}"
+    );
 }
 
 /// `--sweep batch=1..8`: one estimate per value (1, 2, 4, 8) in every format, each the estimate
