@@ -196,6 +196,25 @@ pub struct ParallelReport {
     /// out without a pipeline). The report's other figures are the worst stage's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<StageReport>,
+    /// DDP's gradient buckets (left out under other engines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ddp_buckets: Option<DdpBucketsReport>,
+}
+
+/// DDP's flat gradient buckets on each GPU, bytes of each in the Reducer's order (PyTorch
+/// 2.15, `torch/nn/parallel/distributed.py` `_ddp_init_helper` and `reducer.cpp`
+/// `Reducer::rebuild_buckets`). Without `gradient_as_bucket_view` they are a second copy of the
+/// gradients that lives as long as the model; with it the gradients are views into them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct DdpBucketsReport {
+    /// At construction: one bucket per gradient dtype (`find_unused_parameters=False` makes the
+    /// limit `sys.maxsize`), last-registered parameters' bucket first.
+    pub initial_bytes: Vec<u64>,
+    /// From the second iteration on: rebuilt in the order the first backward made the
+    /// gradients, the first bucket closing at 1 MiB (with the default `bucket_cap_mb`; at the
+    /// cap when one is given) and the others at `bucket_cap_mb`.
+    pub rebuilt_bytes: Vec<u64>,
 }
 
 /// The outcome of `--min-gpus`.
@@ -875,6 +894,10 @@ impl Report {
                             peak_bytes: f.peak_bytes,
                         })
                         .collect(),
+                    ddp_buckets: sim.ddp_buckets.as_ref().map(|[i, r]| DdpBucketsReport {
+                        initial_bytes: i.clone(),
+                        rebuilt_bytes: r.clone(),
+                    }),
                 }),
         })
     }

@@ -486,6 +486,7 @@ fn extend(
             None
         },
         stages: Vec::new(),
+        ddp_buckets: None,
     };
     let report = extend_report(
         [&a.report, &b.report, &c.report],

@@ -315,6 +315,18 @@ pub enum Sharding {
     Fsdp(Fsdp),
 }
 
+/// `bytes` in MiB for the plan's description: whole MiB as an integer, else to two decimals
+/// (`--bucket-cap-mb 0.25` reads "0.25 MiB", not "0 MiB").
+fn mib(bytes: u64) -> String {
+    let whole = bytes >> 20;
+    let hundredths = ((bytes & ((1 << 20) - 1)) * 100 + (1 << 19)) >> 20;
+    match hundredths {
+        0 => whole.to_string(),
+        100 => (whole + 1).to_string(),
+        h => format!("{whole}.{h:02}").trim_end_matches('0').to_string(),
+    }
+}
+
 /// DDP's gradient buckets (`torch/nn/parallel/distributed.py`, `reducer.cpp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -322,8 +334,10 @@ pub struct Ddp {
     /// `bucket_cap_mb` in bytes (default 25 MiB: `bucket_cap_mb = 25` is multiplied by
     /// `1024 * 1024` in `DistributedDataParallel.__init__`).
     pub bucket_cap_bytes: u64,
-    /// The first bucket's cap (`dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB), so that the first
-    /// all-reduce starts early.
+    /// The limit of the first bucket DDP rebuilds (the one whose gradients are ready first),
+    /// so that the first all-reduce starts early: `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB)
+    /// with the default cap, the cap itself when `bucket_cap_mb` is given (PyTorch 2.15,
+    /// `torch/nn/parallel/distributed.py`, `_BucketCapacityConfig.create`).
     pub first_bucket_bytes: u64,
     /// `gradient_as_bucket_view`: the `.grad` tensors are views into the buckets, so the
     /// buckets cost nothing beyond the gradients; else the buckets are a second gradient-sized
@@ -585,7 +599,7 @@ impl Plan {
             }
             Sharding::Ddp(d) => format!(
                 "DDP over {over}, {} MiB buckets{}",
-                d.bucket_cap_bytes >> 20,
+                mib(d.bucket_cap_bytes),
                 if d.gradient_as_bucket_view {
                     " as gradient views"
                 } else {
@@ -1047,6 +1061,12 @@ impl PlanFlags {
                 d.bucket_cap_bytes = bytes;
             }
             d.gradient_as_bucket_view = self.gradient_as_bucket_view;
+            if self.bucket_cap_mb.is_some() {
+                // An explicit `bucket_cap_mb` is the first bucket's limit too
+                // (`_BucketCapacityConfig.create`: `first_bucket_bytes_cap` is
+                // `dist._DEFAULT_FIRST_BUCKET_BYTES` only when `bucket_cap_mb` is `None`).
+                d.first_bucket_bytes = d.bucket_cap_bytes;
+            }
             Sharding::Ddp(d)
         };
         if !gpus.is_multiple_of(model_parallel) {

@@ -220,6 +220,9 @@ pub struct Simulation {
     /// Pipeline parallelism: each pipeline rank's figures, first stage first (empty without
     /// `--pp`). The other figures are then the worst rank's.
     pub stages: Vec<StageFigures>,
+    /// Under DDP, its gradient buckets' bytes, each in the Reducer's order: as constructed and
+    /// as rebuilt at the second iteration (see `parallel::DdpBuckets`); `None` otherwise.
+    pub ddp_buckets: Option<[Vec<u64>; 2]>,
 }
 
 /// What one pipeline rank holds ([`crate::parallel::Pipeline`]).
@@ -772,6 +775,10 @@ fn simulate_inner(
         live_at_peak,
         allocator,
         stages: Vec::new(),
+        ddp_buckets: dist
+            .as_ref()
+            .filter(|d| !d.ddp_buckets.initial.is_empty())
+            .map(|d| [d.ddp_buckets.initial.clone(), d.ddp_buckets.rebuilt.clone()]),
     };
     Ok((sim, replay.log, heap_log))
 }

@@ -176,14 +176,20 @@ pub(super) struct Dist {
 /// DDP's flat bucket tensors, bytes of each (`Reducer::initialize_buckets`: one
 /// `at::empty` per bucket, in the buckets' order), at construction and after the rebuild.
 ///
-/// `DistributedDataParallel.__init__` assigns the parameters (registration order, trainable
-/// ones) to buckets with `_compute_bucket_assignment_by_size` (`reducer.cpp`: per dtype, a
-/// bucket closes once its bytes reach the current limit; the limits are
-/// `[_DEFAULT_FIRST_BUCKET_BYTES, bucket_cap]`, the first for each dtype's first bucket) and
-/// hands the Reducer the buckets reversed. At the second iteration's forward
-/// (`_rebuild_buckets`, once, unless `static_graph`) the Reducer frees them and assigns again
-/// in the order the gradients became ready in the first backward (the reverse of the
-/// parameters' order here), limits as before, and allocates the new buckets in that order.
+/// PyTorch 2.15 (`torch/nn/parallel/distributed.py`,
+/// `_BucketCapacityConfig.compute_bucket_size_limits` and `_ddp_init_helper`): at
+/// construction, unless `find_unused_parameters=True` (memest models the default, `False`),
+/// the limits are `[sys.maxsize]`, so `_compute_bucket_assignment_by_size` (`reducer.cpp`)
+/// puts every trainable parameter of a dtype into one bucket; the Reducer gets the buckets
+/// reversed. At the second iteration's forward (`Reducer::rebuild_buckets`, once) the
+/// Reducer frees them and assigns again, in the order the gradients became ready in the first
+/// backward (`autograd_hook` → `push_rebuilt_params`), under the limits
+/// `[first_bucket_bytes_cap, bucket_bytes_cap]`: a dtype's first bucket closes once it
+/// reaches the first limit, every later one at the cap. The first limit is
+/// `dist._DEFAULT_FIRST_BUCKET_BYTES` (1 MiB) when `bucket_cap_mb` is left at its default and
+/// the cap itself when it is given (`_BucketCapacityConfig.create`). The rebuilt buckets come
+/// in the order they closed, the still open ones after them (no sort: the indices are in
+/// ready order already), and are allocated in that order.
 #[derive(Clone, Debug, Default)]
 pub(super) struct DdpBuckets {
     /// At construction, in the Reducer's order.
@@ -194,11 +200,16 @@ pub(super) struct DdpBuckets {
 
 impl DdpBuckets {
     /// The buckets of `params` (bytes and dtype of each, in the order given) under `limits`
-    /// (`[first, cap]`), in assignment order: `_compute_bucket_assignment_by_size`.
-    fn assign(params: impl Iterator<Item = (u64, DType)>, limits: [u64; 2]) -> Vec<u64> {
+    /// (a dtype's first bucket closes at `limits[0]`, its next at `limits[1]`, and so on, the
+    /// last limit holding for the rest): `_compute_bucket_assignment_by_size`. With `sort`
+    /// (construction: the parameters in registration order) the buckets come sorted by the
+    /// first parameter each holds; without (the rebuild: the parameters in ready order) the
+    /// closed buckets come in closing order, then the open ones by their first parameter.
+    fn assign(params: impl Iterator<Item = (u64, DType)>, limits: &[u64], sort: bool) -> Vec<u64> {
         // Open buckets per dtype: bytes, first parameter's index, limit index.
         let mut open: Vec<(DType, u64, usize, usize)> = Vec::new();
         let mut closed: Vec<(usize, u64)> = Vec::new();
+        let last = limits.len().saturating_sub(1);
         for (i, (bytes, dtype)) in params.enumerate() {
             let at = match open.iter().position(|o| o.0 == dtype) {
                 Some(at) => at,
@@ -210,16 +221,53 @@ impl DdpBuckets {
             let b = &mut open[at];
             b.1 = b.1.saturating_add(bytes);
             b.2 = b.2.min(i);
-            if b.1 >= limits[b.3] {
+            if b.1 >= limits.get(b.3).copied().unwrap_or(u64::MAX) {
                 closed.push((b.2, b.1));
-                *b = (dtype, 0, usize::MAX, 1);
+                *b = (dtype, 0, usize::MAX, (b.3 + 1).min(last));
             }
         }
-        closed.extend(open.iter().filter(|o| o.1 > 0).map(|o| (o.2, o.1)));
-        // Sorted by the smallest parameter index each holds.
-        closed.sort_unstable();
+        let mut rest: Vec<(usize, u64)> = open
+            .iter()
+            .filter(|o| o.1 > 0)
+            .map(|o| (o.2, o.1))
+            .collect();
+        rest.sort_unstable();
+        closed.extend(rest);
+        if sort {
+            // Sorted by the smallest parameter index each holds.
+            closed.sort_unstable();
+        }
         closed.into_iter().map(|c| c.1).collect()
     }
+}
+
+/// The order in which autograd hands the trainable parameters' gradients to DDP's Reducer in
+/// backward (indices into `trainable`): the replay's backward order, steps last to first. A
+/// parameter read by several steps (tied weights) is ready after its last gradient, at its
+/// first use in forward; within one step the parameters are taken last input first, as
+/// `addmm(bias, x, weight.t())`'s backward hands the bias to its `AccumulateGrad` at once and
+/// the weight through `TBackward0` (the engine runs `AccumulateGrad`, whose sequence number is
+/// the largest, as soon as it is ready: `torch/csrc/autograd/engine.cpp`,
+/// `CompareNodeTaskTime`). Parameters that get no gradient come last, last registered first.
+fn grad_ready_order(tape: &Tape, trainable: &[Trainable]) -> Vec<usize> {
+    let index: HashMap<ValueId, usize> = trainable
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.value, i))
+        .collect();
+    let mut ready: Vec<Option<usize>> = vec![None; trainable.len()];
+    let mut n = 0usize;
+    for step in tape.steps.iter().rev() {
+        for v in step.grads.iter().rev() {
+            if let Some(&i) = index.get(v) {
+                ready[i] = Some(n);
+                n += 1;
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..trainable.len()).collect();
+    order.sort_by_key(|&i| (ready[i].unwrap_or(usize::MAX), std::cmp::Reverse(i)));
+    order
 }
 
 impl Dist {
@@ -716,15 +764,16 @@ impl Dist {
                 } else {
                     dist.comm_always = total_grad;
                 }
-                let limits = [d.first_bucket_bytes, d.bucket_cap_bytes];
-                let grads = || {
-                    trainable
-                        .iter()
-                        .map(|t| (t.grad_bytes, grad_dtype(t.dtype)))
-                };
-                let mut initial = DdpBuckets::assign(grads(), limits);
+                let grad = |t: &Trainable| (t.grad_bytes, grad_dtype(t.dtype));
+                let mut initial = DdpBuckets::assign(trainable.iter().map(grad), &[u64::MAX], true);
                 initial.reverse();
-                let rebuilt = DdpBuckets::assign(grads().rev(), limits);
+                let rebuilt = DdpBuckets::assign(
+                    grad_ready_order(tape, &trainable)
+                        .into_iter()
+                        .map(|i| grad(&trainable[i])),
+                    &[d.first_bucket_bytes, d.bucket_cap_bytes],
+                    false,
+                );
                 dist.ddp_buckets = DdpBuckets { initial, rebuilt };
             }
             Sharding::Fsdp(f) => {
@@ -1142,7 +1191,22 @@ mod tests {
             (MIB, h),      // bf16 bucket 2 (limit 25 MiB), left open
             (2 * MIB, f),  // f32 bucket 3, left open
         ];
-        let buckets = DdpBuckets::assign(params.into_iter(), [MIB, 25 * MIB]);
+        let buckets = DdpBuckets::assign(params.into_iter(), &[MIB, 25 * MIB], true);
         assert_eq!(buckets, vec![MIB, 3 * MIB, 30 * MIB, MIB, 2 * MIB]);
+        // Construction in PyTorch 2.15: one limit, `sys.maxsize`: one bucket per dtype.
+        let buckets = DdpBuckets::assign(params.into_iter(), &[u64::MAX], true);
+        assert_eq!(buckets, vec![33 * MIB, 4 * MIB]);
+        // The rebuild keeps the closing order: a bf16 bucket left open comes after a later
+        // float32 one that closed.
+        let params = [(2 * MIB, f), (MIB / 2, h), (30 * MIB, f)];
+        let limits = [MIB, 25 * MIB];
+        assert_eq!(
+            DdpBuckets::assign(params.into_iter(), &limits, false),
+            vec![2 * MIB, 30 * MIB, MIB / 2]
+        );
+        assert_eq!(
+            DdpBuckets::assign(params.into_iter(), &limits, true),
+            vec![2 * MIB, MIB / 2, 30 * MIB]
+        );
     }
 }

@@ -7,7 +7,9 @@
 //! `MixedPrecisionPolicy`, world 4; FSDP2 with two micro-batches of gradient accumulation
 //! (`"grad_accum": 2`, saved activations of the last micro-batch), with and without
 //! `reshard_after_forward`; a three-layer MLP under one FSDP2 unit with and without
-//! accumulation; a three-layer convolutional net with Adafactor under DDP and FSDP2), with the
+//! accumulation; a three-layer convolutional net with Adafactor under DDP and FSDP2; DDP's
+//! `bucket_cap_mb` at its default, 0.25 and 100 MiB, each with and without
+//! `gradient_as_bucket_view`, on a three-layer MLP, and at 4 MiB on the tiny Llama), with the
 //! same checks.
 //!
 //! Per case, the rank with the largest peak is compared:
@@ -16,6 +18,8 @@
 //!   `fp32_partitioned_groups_flat`), gradients (`.grad`, or ZeRO-3's
 //!   `grad_partitions_flat_buffer`; ZeRO-1/2 free their gradient partition after the step, so
 //!   there is nothing measured to compare);
+//! - DDP's gradient buckets, bucket by bucket: as constructed and as rebuilt at the second
+//!   iteration (the Reducer's `bucket_sizes` and `rebuilt_bucket_sizes` logging data);
 //! - saved activations within 1 %;
 //! - the peak (`peak_without_gloo_scratch`: gloo's collectives make a full-size scratch copy
 //!   that NCCL does not) within 5 %, or, for the plans whose peak memest does not reach yet,
@@ -125,6 +129,42 @@ fn measured_ranks() {
                 u(&r, "gradients_bytes"),
                 ds("grad_partitions_flat_buffer"),
             ));
+        }
+        if let Some(cap) = rec["case"]["parallel"]["bucket_cap_mb"].as_f64() {
+            let said = format!("{cap} MiB buckets");
+            let description = r["parallel"]["description"].as_str().expect("description");
+            if !description.contains(&said) {
+                failures.push(format!("{id}: {description:?} does not say {said:?}"));
+            }
+        }
+        if kind == "ddp" {
+            // DDP's buckets, bucket by bucket, as the Reducer's logging data lists them.
+            let measured = |key: &str| -> Vec<u64> {
+                rank["ddp_buckets"][key]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{id}: no measured ddp_buckets.{key}"))
+                    .split(',')
+                    .map(|b| b.trim().parse().expect("bytes"))
+                    .collect()
+            };
+            let est = |key: &str| -> Vec<u64> {
+                r["parallel"]["ddp_buckets"][key]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{id}: no parallel.ddp_buckets.{key}"))
+                    .iter()
+                    .map(|b| b.as_u64().expect("bytes"))
+                    .collect()
+            };
+            for (field, key) in [
+                ("initial_bytes", "bucket_sizes"),
+                ("rebuilt_bytes", "rebuilt_bucket_sizes"),
+            ] {
+                let (e, m) = (est(field), measured(key));
+                table.push_str(&format!("{id:32} buckets {field:16} {e:?} {m:?}\n"));
+                if e != m {
+                    failures.push(format!("{id}: DDP buckets {field} {e:?} != measured {m:?}"));
+                }
+            }
         }
         for (field, est, truth) in exact {
             table.push_str(&format!("{id:32} {field:24} {est:>12} {truth:>12}\n"));
@@ -434,10 +474,14 @@ fn the_allocator_replays_each_ranks_stream() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     let a = |id: &str| figures[id].0;
-    // DDP's buckets (a second copy of the gradients, live all step) beside the gradients.
+    // DDP's buckets (a second copy of the gradients, live all step) beside the gradients, to
+    // within the allocator's slack: a large-pool block keeps a remainder under 1 MiB unsplit
+    // (`CUDACachingAllocator.cpp`, `should_split`), so the one-process run's blocks can hold up
+    // to that much more than DDP's, whose rebuilt buckets are cut from the freed construction
+    // bucket (176,179,200 B).
     let grads = figures["llama-fp32-b2s128-ddp-w2"].1;
     assert!(
-        a("llama-fp32-b2s128-ddp-w2") >= a("llama-fp32-b2s128-none") + grads,
+        a("llama-fp32-b2s128-ddp-w2") + (1 << 20) >= a("llama-fp32-b2s128-none") + grads,
         "{figures:?}"
     );
     // Bucket views: the gradients are the buckets.
