@@ -102,6 +102,55 @@ pub(super) struct Snapshot {
     pub param_grads: Vec<(ValueId, u64)>,
 }
 
+/// Activation gradients that several values hold views of. A backward that passes the output's
+/// gradient on unchanged to more than one input hands each a view of the same tensor: `add`'s
+/// (`derivatives.yaml` `add.Tensor`: `self: grad`, `other: maybe_multiply(grad, alpha)`) and
+/// `cat`'s (`cat_tensors_backward`: a `narrow` of `grad` per input). The block lives until
+/// the last of them is consumed (a [`crate::trace::Step`] with `view_grad` and several
+/// inputs).
+///
+/// In the backward's gradient map the first member carries the block's bytes and the others
+/// count 0, so the map's sum stays the live activation-gradient bytes; when the bearer is
+/// consumed first, the bytes pass to the next member.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Value → the block it holds a view of, named by the value whose `Key::Grad` the
+    /// allocator knows it under.
+    of: HashMap<ValueId, ValueId>,
+    /// Block → the values that still hold it, the bearer first.
+    members: HashMap<ValueId, Vec<ValueId>>,
+}
+
+impl Shared {
+    /// `v` (which has no gradient yet) takes a view of `holder`'s gradient: a plain gradient
+    /// becomes a shared block, or `v` joins the block `holder` shares.
+    fn join(&mut self, grads: &mut HashMap<ValueId, u64>, holder: ValueId, v: ValueId) {
+        let block = *self.of.entry(holder).or_insert(holder);
+        let members = self.members.entry(block).or_insert_with(|| vec![holder]);
+        members.push(v);
+        self.of.insert(v, block);
+        grads.insert(v, 0);
+    }
+
+    /// `v`'s view is gone; returns the block and its bytes when it was the last holder (the
+    /// caller frees it). `None` when `v` shares no block or others still hold it.
+    fn leave(&mut self, grads: &mut HashMap<ValueId, u64>, v: ValueId) -> Option<(ValueId, u64)> {
+        let block = self.of.remove(&v)?;
+        let bytes = grads.remove(&v).unwrap_or(0);
+        let members = self.members.get_mut(&block)?;
+        members.retain(|&m| m != v);
+        if let Some(&next) = members.first() {
+            if let Some(b) = grads.get_mut(&next) {
+                *b = b.saturating_add(bytes);
+            }
+            None
+        } else {
+            self.members.remove(&block);
+            Some((block, bytes))
+        }
+    }
+}
+
 /// What the backward pass leaves for the optimizer step.
 pub(super) struct Backward {
     /// Parameter gradient bytes (`.grad`, each parameter once).
@@ -748,6 +797,7 @@ impl<'a> Replay<'a> {
         let tape = self.tape;
         let facts = self.facts;
         let mut grads: HashMap<ValueId, u64> = HashMap::new();
+        let mut shared = Shared::default();
         let mut has_grad: TiVec<ValueId, bool> =
             accumulate.map_or_else(|| ti_vec![false; tape.values.len()], Clone::clone);
         let mut fresh: TiVec<ValueId, bool> = ti_vec![false; tape.values.len()];
@@ -811,18 +861,35 @@ impl<'a> Replay<'a> {
             self.heap_at(Some(i));
             let mut transient = 0u64;
             let mut moved: Option<u64> = None;
+            // A view of a shared block handed on (its first output that holds one): the
+            // inputs join the block, then the output's view goes.
+            let mut handed: Option<ValueId> = None;
+            // The input that took the moved gradient: later inputs take views of it.
+            let mut taker: Option<ValueId> = None;
             if step.view_grad {
+                handed = step
+                    .outputs
+                    .iter()
+                    .copied()
+                    .find(|o| shared.of.contains_key(o));
                 let mut sum = Some(0u64);
+                let mut any = false;
                 for o in &step.outputs {
+                    if shared.of.contains_key(o) {
+                        continue;
+                    }
                     if let Some(b) = grads.remove(o) {
+                        any = true;
                         sum = sum.and_then(|s| s.checked_add(b));
                         self.heap_rename(Key::Grad(*o), Key::Moved);
                     }
                 }
-                moved = Some(sum.unwrap_or_else(|| {
-                    self.overflow = true;
-                    u64::MAX
-                }));
+                if any || handed.is_none() {
+                    moved = Some(sum.unwrap_or_else(|| {
+                        self.overflow = true;
+                        u64::MAX
+                    }));
+                }
             }
             if !step.grads.is_empty() {
                 transient = self.scratch(&step.scratch.1);
@@ -895,12 +962,20 @@ impl<'a> Replay<'a> {
                         Entry::Vacant(e) => {
                             e.insert(m);
                             self.heap_rename(Key::Moved, Key::Grad(v));
+                            taker = Some(v);
                         }
                         Entry::Occupied(_) => {
                             self.sub(temp, m);
                             transient = transient.saturating_add(m);
                             self.heap_rename(Key::Moved, Key::Transient);
                         }
+                    }
+                } else if let Some(holder) = handed.or(taker).filter(|_| step.view_grad) {
+                    // Another input of a backward that passes the gradient on: a view of the
+                    // same block, or, when the input has a gradient already, added into it
+                    // in place (autograd's `InputBuffer::accumulate`): nothing is allocated.
+                    if !grads.contains_key(&v) {
+                        shared.join(&mut grads, holder, v);
                     }
                 } else if let Entry::Vacant(e) = grads.entry(v) {
                     e.insert(bytes);
@@ -926,12 +1001,12 @@ impl<'a> Replay<'a> {
             self.heap_free(Key::Transient);
             self.sub(Category::Gradients, applied);
             applied = 0;
+            if let Some(o) = handed {
+                self.release_grad(&mut grads, &mut shared, o);
+            }
             if !step.view_grad {
-                for o in &step.outputs {
-                    if let Some(b) = grads.remove(o) {
-                        self.sub(temp, b);
-                        self.heap_free(Key::Grad(*o));
-                    }
+                for &o in &step.outputs {
+                    self.release_grad(&mut grads, &mut shared, o);
                 }
             }
             let frees = |s: StorageId| facts.bwd_free_at[s] == Some(i) && !facts.held[s];
@@ -978,14 +1053,32 @@ impl<'a> Replay<'a> {
                 u64::MAX
             });
         self.sub(temp, leftover);
-        let mut left: Vec<ValueId> = grads.keys().copied().collect();
+        let mut left: Vec<ValueId> = grads
+            .keys()
+            .map(|v| shared.of.get(v).copied().unwrap_or(*v))
+            .collect();
         left.sort_unstable();
+        left.dedup();
         for v in left {
             self.heap_free(Key::Grad(v));
         }
         Backward {
             gradient_bytes,
             has_grad,
+        }
+    }
+
+    /// Drops `o`'s activation gradient once its consumer has run: frees it, or, when it is a
+    /// view of a shared block, frees the block with its last holder.
+    fn release_grad(&mut self, grads: &mut HashMap<ValueId, u64>, shared: &mut Shared, o: ValueId) {
+        if shared.of.contains_key(&o) {
+            if let Some((block, b)) = shared.leave(grads, o) {
+                self.sub(Category::Temporaries, b);
+                self.heap_free(Key::Grad(block));
+            }
+        } else if let Some(b) = grads.remove(&o) {
+            self.sub(Category::Temporaries, b);
+            self.heap_free(Key::Grad(o));
         }
     }
 

@@ -265,6 +265,46 @@ fn gradient_accumulates_into_an_input_used_twice() {
     assert_eq!(o.max[Category::Temporaries.index()], 1_200);
 }
 
+/// A backward that passes its gradient on to two inputs (`add`, `cat`: `view_grad` with two
+/// inputs) hands both a view of one tensor, which lives until the second is consumed; neither
+/// input gets a copy. `a = x·w1`, `b = gelu(a)`, `z = x·w2`, `c = silu(z)` (each keeps its
+/// input), `d = b + c`, `e = gelu(d)`, `loss = e.sum()`, every tensor `[100]`.
+///
+/// Forward peaks in L5 with x, w1, w2 1,200 + a, b, z, c, d 2,000 = **3,200**. In backward,
+/// L6 makes `grad d` (400); L5 shares it with `b` and `c`; L4 adds `grad z`: the activation
+/// gradients peak at 800 (a copy for `c` would make them 1,200 and the step's peak 3,204 in
+/// L4's backward).
+#[test]
+fn a_gradient_passed_to_two_inputs_is_one_tensor() {
+    let mut t = Builder::new();
+    let x = t.f32(Input, 100, false);
+    let (w1, w2) = (t.f32(Parameter, 100, true), t.f32(Parameter, 100, true));
+    let [a, b, z, c, d, e] = [(); 6].map(|()| t.f32(Act, 100, true));
+    t.mul(x, w1, a);
+    t.op(AtenOp::Gelu, (&[a], &[b]), &[a], &[a]);
+    t.mul(x, w2, z);
+    t.op(AtenOp::Silu, (&[z], &[c]), &[z], &[z]);
+    let add = S {
+        op: AtenOp::Add,
+        inputs: &[b, c],
+        outputs: &[d],
+        saves: &[],
+        grads: &[b, c],
+    };
+    t.step(&add, true, None);
+    t.op(AtenOp::Gelu, (&[d], &[e]), &[d], &[d]);
+    t.loss(e);
+    let o = train(&t.tape, &OptimizerPlan::default());
+    assert_eq!(o.peak, 3_200);
+    assert_eq!(o.phase, Phase::Forward);
+    assert_eq!(o.layer.as_deref(), Some("L5"));
+    assert_eq!(
+        o.max[Category::Temporaries.index()],
+        800,
+        "grad d shared, grad z"
+    );
+}
+
 /// Non-reentrant checkpointing stops recomputing at the block's last operator that saves
 /// something (`torch.utils.checkpoint`'s early stop, `_StopRecomputationError`): a block
 /// `b = gelu(a)` [150] (keeps `a`), `c = b + b` [1,000] (keeps nothing) recomputes `b` alone.
