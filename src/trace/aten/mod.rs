@@ -109,6 +109,8 @@ pub enum AtenOp {
     AddScalar,
     /// `sub.Tensor(self, other, alpha)`.
     Sub,
+    /// `neg(self)` (`-x`): its backward is `grad.neg()`, keeping nothing.
+    Neg,
     /// `clamp(self, min, max)` with Python-number bounds.
     Clamp,
     /// `max.dim(self, dim, keepdim)`: the maximum along a dimension and its int64 indices.
@@ -124,6 +126,8 @@ pub enum AtenOp {
     Sum,
     /// `cat(tensors, dim)`.
     Cat,
+    /// `stack(tensors, dim)`: its backward is `grad.unbind(dim)` (views), keeping nothing.
+    Stack,
     /// `masked_scatter(self, mask, source)`: the image features written into the text
     /// embeddings (LLaVA, Qwen2-VL).
     MaskedScatter,
@@ -142,6 +146,10 @@ pub enum AtenOp {
     /// `slice.Tensor(self, dim, start, end, step)`: basic indexing (`x[..., :-1]`,
     /// `x[..., ::2]`).
     Slice,
+    /// `alias(self)`: what basic indexing records for a slice that spans the whole dimension
+    /// (`x[..., :n]` with `n` the size: `applySlicing` returns an alias, whose backward hands
+    /// the gradient on).
+    Alias,
     /// `select.int(self, dim, index)`.
     Select,
     /// `expand(self, size)`.
@@ -339,6 +347,7 @@ impl AtenOp {
             AtenOp::AddInplace => "add_.Tensor",
             AtenOp::AddScalar => "add.Scalar",
             AtenOp::Sub => "sub.Tensor",
+            AtenOp::Neg => "neg",
             AtenOp::Clamp => "clamp",
             AtenOp::MaxDim => "max.dim",
             AtenOp::DivInplace => "div_.Tensor",
@@ -346,6 +355,7 @@ impl AtenOp {
             AtenOp::Mean => "mean.dim",
             AtenOp::Sum => "sum",
             AtenOp::Cat => "cat",
+            AtenOp::Stack => "stack",
             AtenOp::MaskedScatter => "masked_scatter",
             AtenOp::EqScalar => "eq.Scalar",
             AtenOp::Topk => "topk",
@@ -354,6 +364,7 @@ impl AtenOp {
             AtenOp::Permute => "permute",
             AtenOp::Narrow => "narrow",
             AtenOp::Slice => "slice.Tensor",
+            AtenOp::Alias => "alias",
             AtenOp::Select => "select.int",
             AtenOp::Expand => "expand",
             AtenOp::Unbind => "unbind.int",
@@ -726,6 +737,15 @@ impl AtenOp {
             AtenOp::Permute => unary("permute", SaveRule::NOTHING),
             AtenOp::Select => unary("select.int", SaveRule::NOTHING),
             AtenOp::Slice => unary("slice.Tensor", SaveRule::NOTHING),
+            AtenOp::Alias => unary("alias", SaveRule::NOTHING),
+            AtenOp::Stack => spec(
+                Some("stack"),
+                &["tensors"],
+                &["result"],
+                &[],
+                SaveRule::NOTHING,
+            ),
+            AtenOp::Neg => unary("neg", SaveRule::NOTHING),
             AtenOp::Expand => unary("expand", SaveRule::NOTHING),
             AtenOp::Unbind => unary("unbind.int", SaveRule::NOTHING),
             AtenOp::Split => unary("split.Tensor", SaveRule::NOTHING),
