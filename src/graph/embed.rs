@@ -102,6 +102,13 @@ pub struct RotaryCfg {
     /// The rotated part is joined to the pass-through part with `torch.cat` (Phi-3's and
     /// partial-rotary code), which makes Q and K contiguous `[B, heads, S, head_dim]`.
     pub concat: bool,
+    /// Like `concat`, but each of Q and K is joined right after its own rotation (Phi-3's
+    /// `apply_rotary_pos_emb`), where GPT-NeoX's, Phi's and StableLM's code rotates both first.
+    pub concat_each: bool,
+    /// Each head's pairs are interleaved, `(x0, x1), (x2, x3), …`, and rotated by diffusers'
+    /// `apply_rotary_emb` with `use_real_unbind_dim=-1` (Flux): `x.reshape(.., -1, 2)
+    /// .unbind(-1)`, `torch.stack([-x_imag, x_real], -1)`, float32 products with the tables.
+    pub interleaved: bool,
     /// `cos`/`sin` stay float32 whatever the activation dtype (OLMo-2's `Olmo2RotaryEmbedding`
     /// returns them uncast): `apply_rotary_pos_emb` then computes in float32 and casts Q and K
     /// back (`q_embed.to(q_type)`).
@@ -138,6 +145,8 @@ impl RotaryCfg {
         let cfg = RotaryCfg {
             head_dim: r.pos(key!(s.head_dim)),
             concat: r.or(key!(s.concat), false),
+            concat_each: r.or(key!(s.concat_each), false),
+            interleaved: r.or(key!(s.interleaved), false),
             tables_f32: r.or(key!(s.tables_f32), false),
             per_sample: r.or(key!(s.per_sample), false),
             upcast: r.or(key!(s.upcast), false),

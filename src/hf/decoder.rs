@@ -635,7 +635,8 @@ pub(super) fn decoder_at(
     }
     let rotary = LayerSpec {
         head_dim: Some(rotary_dim),
-        concat: (row.rotary_concat || row.rotary_halves).then_some(true),
+        concat: row.rotary_halves.then_some(true),
+        concat_each: row.rotary_concat.then_some(true),
         half_tables: row.rotary_halves.then_some(true),
         tables_f32: row.rotary_f32.then_some(true),
         upcast: row.rotary_upcast.then_some(true),

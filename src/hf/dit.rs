@@ -901,6 +901,7 @@ pub(super) fn flux(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> 
         head_dim: Some(head_dim),
         tables_f32: Some(true),
         inv_freq: Some(false),
+        interleaved: Some(true),
         extra_positions: Some(n),
         ..with_inputs(layer(K::Rotary, "pos_embed"), &[&ctx])
     });
@@ -1057,6 +1058,8 @@ mod tests {
         assert!(d.inputs.contains_key(GUIDANCE_PROJ));
         let rotary = d.layers.iter().find(|l| l.kind == K::Rotary).unwrap();
         assert_eq!(rotary.extra_positions, Some(4096));
+        // diffusers' apply_rotary_emb(.., use_real_unbind_dim=-1): interleaved pairs.
+        assert_eq!(rotary.interleaved, Some(true));
         let sdpa = d.layers.iter().filter(|l| l.kind == K::Sdpa).count();
         assert_eq!(sdpa, 3);
         let mut bad = c.clone();

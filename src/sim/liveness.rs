@@ -27,8 +27,9 @@ pub(super) struct Liveness {
     /// For each checkpointed segment, the activations it reads from outside, its input first:
     /// reentrant checkpointing saves the block's tensor arguments (the input, and e.g. the
     /// encoder output or a position bias) until its backward. After them come the tensors
-    /// its operators keep that are no value it reads (the rotary `cos`/`sin` passed to each
-    /// layer): the checkpoint keeps them alive too, but `saved_tensors_hooks` never sees them.
+    /// its operators keep that are no value it reads, and the base model's locals it reads
+    /// (the rotary `cos`/`sin` passed to each layer in a tuple): the checkpoint keeps them
+    /// alive too, but `saved_tensors_hooks` never sees them.
     pub seg_inputs: TiVec<SegmentId, Vec<StorageId>>,
     /// For each checkpointed segment, how many of [`Liveness::seg_inputs`] are read as values
     /// (the ones counted as saved activations).
@@ -89,16 +90,29 @@ impl Liveness {
                         outside.push(s);
                     }
                 };
-                // What it reads as values, then what it keeps that is no value.
+                // What it reads as values, then what it keeps that is no value. The base
+                // model's locals (`Tape::forward_held`: the rotary tables) reach the block
+                // inside a tuple (`position_embeddings`), which the checkpoint does not save
+                // as a tensor argument, even where an operator reads them as values.
+                let local = |s: &StorageId| tape.forward_held.contains(s);
                 for st in steps {
                     for &v in &st.inputs {
-                        add(&mut outside, tape.values[v].storage);
+                        let s = tape.values[v].storage;
+                        if !local(&s) {
+                            add(&mut outside, s);
+                        }
                     }
                 }
                 let values = outside.len();
                 for st in steps {
                     for &s in &st.saves {
                         add(&mut outside, s);
+                    }
+                    for &v in &st.inputs {
+                        let s = tape.values[v].storage;
+                        if local(&s) {
+                            add(&mut outside, s);
+                        }
                     }
                 }
                 (outside, values)

@@ -297,6 +297,14 @@ pub struct LayerSpec {
     /// Rotary: whether the module registers transformers' `inv_freq` buffers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inv_freq: Option<bool>,
+    /// Rotary: Q and K are each joined with their pass-through part right after their own
+    /// rotation (Phi-3's `apply_rotary_pos_emb`), not after both are rotated (`concat`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concat_each: Option<bool>,
+    /// Rotary: each head's pairs are interleaved and rotated by diffusers' `apply_rotary_emb`
+    /// (Flux).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interleaved: Option<bool>,
     // scale
     #[serde(skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,

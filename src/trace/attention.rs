@@ -197,7 +197,7 @@ impl Tracer<'_> {
             let rope = local.or(self.rope).ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
             })?;
-            (self.rope_apply(q, rope)?, self.rope_apply(k, rope)?)
+            self.rope_pair(q, k, rope)?
         } else {
             (q, k)
         };
@@ -420,6 +420,259 @@ impl Tracer<'_> {
         Ok((copies[0], copies[1]))
     }
 
+    /// transformers' `apply_rotary_pos_emb(q, k, cos, sin)` (`models/llama/modeling_llama.py`,
+    /// and its copies), operator by operator as PyTorch runs it. Per rotated tensor `x`:
+    /// `x * cos` (`mul`, keeping `cos`), `rotate_half(x)` (the halves `x[..., :d/2]` and
+    /// `x[..., d/2:]` as `slice` views, `neg` of the second half, `torch.cat((-x2, x1))`),
+    /// `* sin` (`mul`, keeping `sin`), and the sum (`add`): five tensors, each freed once the
+    /// next operator has read it, so the caching allocator sees each as a block of its own.
+    /// Backward runs the same operators in reverse: `add` and `cat` hand views of their
+    /// output's gradient on (no new tensor), `mul` makes `grad * sin` and `grad * cos`, `neg`
+    /// a half-width tensor, each `slice` a zero-filled full-width one (`slice_backward`).
+    ///
+    /// With `concat` (partial rotary: GPT-NeoX's `apply_rotary_pos_emb`, Phi's and StableLM's
+    /// attention), `q[..., :rotary_dim]` and `q[..., rotary_dim:]` are taken from Q and K
+    /// first (a whole-width first part is an `alias`, as basic indexing records a slice that
+    /// spans the dimension), both rotated, then each joined with `torch.cat((rot, pass))`;
+    /// with `concat_each` (Phi-3's `apply_rotary_pos_emb`, `models/phi3/modeling_phi3.py`
+    /// lines 180-186) each is joined right after its own rotation.
+    ///
+    /// Float32 tables (OLMo, OLMo-2) are rotated the same way, by type promotion in float32,
+    /// and cast back (`q_embed.to(q_type)`); Flux's interleaved pairs by
+    /// [`Self::rotate_interleaved`]. Cohere's `upcast`, GPT-OSS's half tables and the
+    /// per-sample tables of Qwen2-VL (whose M-RoPE rebuilds `cos`/`sin` with `torch.cat` in
+    /// every call, `apply_multimodal_rotary_pos_emb`, and whose vision tower rotates float32
+    /// copies, `apply_rotary_pos_emb_vision`) keep the single-step model
+    /// ([`Self::rope_apply`]).
+    pub(super) fn rope_pair(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        rope: Rope,
+    ) -> Result<(ValueId, ValueId), Error> {
+        if rope.upcast || rope.half || rope.per_sample || (rope.tables_f32 && rope.concat) {
+            return Ok((self.rope_apply(q, rope)?, self.rope_apply(k, rope)?));
+        }
+        let cos = self.table_value(rope.cos);
+        let sin = self.table_value(rope.sin);
+        if rope.interleaved {
+            let qr = self.rotate_interleaved(q, cos, sin)?;
+            let kr = self.rotate_interleaved(k, cos, sin)?;
+            return Ok((qr, kr));
+        }
+        if rope.tables_f32 {
+            // OLMo's and OLMo-2's `apply_rotary_pos_emb` (`models/olmo2/modeling_olmo2.py`
+            // lines 172-177): both rotated against the float32 tables, then `return
+            // q_embed.to(q_type), k_embed.to(k_type)`; the float32 sums are locals until then.
+            let qr = self.rotate(q, (cos, sin), true)?;
+            let kr = self.rotate(k, (cos, sin), true)?;
+            let qc = self.cast_to(qr, self.val(q).dtype)?;
+            let kc = self.cast_to(kr, self.val(k).dtype)?;
+            self.keep_until_here(qr);
+            self.keep_until_here(kr);
+            return Ok((qc, kc));
+        }
+        if !rope.concat {
+            let qr = self.rotate(q, (cos, sin), false)?;
+            let kr = self.rotate(k, (cos, sin), false)?;
+            return Ok((qr, kr));
+        }
+        let rotary_dim = self.val(cos).shape.dims().last().copied().unwrap_or(0);
+        let (q_rot, q_pass) = self.rotary_parts(q, rotary_dim)?;
+        let (k_rot, k_pass) = self.rotary_parts(k, rotary_dim)?;
+        if rope.concat_each {
+            let qr = self.rotate(q_rot, (cos, sin), false)?;
+            let qr = self.pass_on(AtenOp::Cat, &[qr, q_pass], "rotated")?;
+            let kr = self.rotate(k_rot, (cos, sin), false)?;
+            let kr = self.pass_on(AtenOp::Cat, &[kr, k_pass], "rotated")?;
+            Ok((qr, kr))
+        } else {
+            let qr = self.rotate(q_rot, (cos, sin), false)?;
+            let kr = self.rotate(k_rot, (cos, sin), false)?;
+            let qr = self.pass_on(AtenOp::Cat, &[qr, q_pass], "rotated")?;
+            let kr = self.pass_on(AtenOp::Cat, &[kr, k_pass], "rotated")?;
+            Ok((qr, kr))
+        }
+    }
+
+    /// A rotary table (`cos` or `sin`, `[1 or B, S, rotary_dim]`) as a value the rotation's
+    /// `mul` reads; it needs no gradient, so the product keeps it (`mul.Tensor`'s `self:
+    /// mul_tensor_backward(grad, other, ..)`).
+    fn table_value(&mut self, s: StorageId) -> ValueId {
+        let st = &self.tape.storages[s];
+        let (shape, dtype) = (st.shape.clone(), st.dtype);
+        self.value(s, shape, dtype, Layout::Contiguous, false, false)
+    }
+
+    /// `x[..., :rotary_dim]` and `x[..., rotary_dim:]` (views; a first part spanning the whole
+    /// width is an `alias`, whose backward hands the gradient on, where a `slice`'s makes a
+    /// zero-filled tensor of `x`'s size).
+    fn rotary_parts(&mut self, x: ValueId, rotary_dim: u64) -> Result<(ValueId, ValueId), Error> {
+        let xv = self.val(x).clone();
+        let mut dims = xv.shape.dims().to_vec();
+        let last = dims
+            .len()
+            .checked_sub(1)
+            .ok_or_else(|| self.err(format!("rotary embedding of a rank-0 tensor {}", xv.shape)))?;
+        let width = dims[last];
+        let Some(pass) = width.checked_sub(rotary_dim) else {
+            return Err(self.err(format!(
+                "rotary tables {rotary_dim} wide for heads {width} wide"
+            )));
+        };
+        dims[last] = rotary_dim;
+        let rot = if pass == 0 {
+            self.view_op(x, xv.shape.clone(), xv.layout, AtenOp::Alias, true)
+        } else {
+            self.view_op(
+                x,
+                Shape::new(dims.clone()),
+                Layout::Strided,
+                AtenOp::Slice,
+                false,
+            )
+        };
+        dims[last] = pass;
+        let pass = self.view_op(x, Shape::new(dims), Layout::Strided, AtenOp::Slice, false);
+        Ok((rot, pass))
+    }
+
+    /// `(x * cos) + (rotate_half(x) * sin)` ([`Self::rope_pair`]), the result in `x`'s
+    /// dimension order (`x * cos` comes first, and a sum's output follows its first operand's
+    /// strides); with `wide` (float32 tables: OLMo, OLMo-2) the products and the sum are
+    /// float32 by type promotion.
+    fn rotate(
+        &mut self,
+        x: ValueId,
+        (cos, sin): (ValueId, ValueId),
+        wide: bool,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let a = self.rope_mul(x, cos, wide)?;
+        let mut half = xv.shape.dims().to_vec();
+        let last = half
+            .len()
+            .checked_sub(1)
+            .ok_or_else(|| self.err(format!("rotary embedding of a rank-0 tensor {}", xv.shape)))?;
+        half[last] /= 2;
+        let half = Shape::new(half);
+        let x1 = self.view_op(x, half.clone(), Layout::Strided, AtenOp::Slice, false);
+        let x2 = self.view_op(x, half, Layout::Strided, AtenOp::Slice, false);
+        let neg = self.unary(x2, AtenOp::Neg)?;
+        let rotated = self.pass_on(AtenOp::Cat, &[neg, x1], "rotate_half")?;
+        let d = self.rope_mul(rotated, sin, wide)?;
+        let y = self.pass_on(AtenOp::Add, &[a, d], "rotated")?;
+        self.tape.values[y].layout = dense_order(xv.layout);
+        Ok(y)
+    }
+
+    /// diffusers' `apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1)`
+    /// (`models/embeddings.py` lines 988-997, Flux's attention processors): each head's
+    /// pairs are interleaved. `x.reshape(..., -1, 2).unbind(-1)` (views), `neg` of the odd
+    /// elements (half width), `torch.stack([-x_imag, x_real], -1).flatten(3)` (a new
+    /// tensor, held by the local `x_rotated` until the function returns), then `x.float() *
+    /// cos + x_rotated.float() * sin` (a float32 copy of each for 16-bit activations, freed
+    /// once multiplied) and `.to(x.dtype)`. In backward, `unbind`'s gradient is `torch.stack`
+    /// of both halves' (a new full-width tensor), `stack`'s is views.
+    fn rotate_interleaved(
+        &mut self,
+        x: ValueId,
+        cos: ValueId,
+        sin: ValueId,
+    ) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let mut dims = xv.shape.dims().to_vec();
+        let last = dims
+            .len()
+            .checked_sub(1)
+            .ok_or_else(|| self.err(format!("rotary embedding of a rank-0 tensor {}", xv.shape)))?;
+        dims[last] /= 2;
+        let half = Shape::new(dims.clone());
+        dims.push(2);
+        let pairs = self.view_op(x, Shape::new(dims), xv.layout, AtenOp::View, true);
+        let real = self.view_of(pairs, half.clone(), Layout::Strided);
+        let imag = self.view_of(pairs, half, Layout::Strided);
+        self.call(Call::new(AtenOp::Unbind, vec![pairs], vec![real, imag]))?;
+        let neg = self.unary(imag, AtenOp::Neg)?;
+        let stacked = self.pass_on(AtenOp::Stack, &[neg, real], "stacked pair")?;
+        let rotated = self.view_op(
+            stacked,
+            xv.shape.clone(),
+            Layout::Contiguous,
+            AtenOp::View,
+            true,
+        );
+        let x32 = self.cast_to(x, DType::Float32)?;
+        let a = self.rope_mul(x32, cos, true)?;
+        let r32 = self.cast_to(rotated, DType::Float32)?;
+        let d = self.rope_mul(r32, sin, true)?;
+        let y = self.pass_on(AtenOp::Add, &[a, d], "rotated")?;
+        let out = self.cast_to(y, xv.dtype)?;
+        self.keep_until_here(stacked);
+        Ok(out)
+    }
+
+    /// `t.to(dtype)`: `t` itself when it has that dtype already, else a copy (`_to_copy`),
+    /// which keeps a dense tensor's dimension order (`memory_format=torch.preserve_format`).
+    fn cast_to(&mut self, t: ValueId, dtype: DType) -> Result<ValueId, Error> {
+        let tv = self.val(t).clone();
+        if tv.dtype == dtype {
+            return Ok(t);
+        }
+        let y = self.fresh(tv.shape, dtype, "cast", tv.requires_grad)?;
+        self.tape.values[y].layout = dense_order(tv.layout);
+        self.call(Call::new(AtenOp::ToCopy, vec![t], vec![y]))?;
+        Ok(y)
+    }
+
+    /// `x * table`: `x`'s shape; keeps the table. With `wide`, the promoted dtype of the two
+    /// (float32 tables); without, `x`'s: the tables then share the activations' dtype, as
+    /// the measured autocast cases' saved bytes show (memest's tables under `--amp` are float32
+    /// all the same; the single-step model this replaces computed in `x`'s dtype too).
+    fn rope_mul(&mut self, x: ValueId, table: ValueId, wide: bool) -> Result<ValueId, Error> {
+        let xv = self.val(x).clone();
+        let dtype = if wide {
+            promote(xv.dtype, self.val(table).dtype)
+        } else {
+            xv.dtype
+        };
+        let y = self.fresh(xv.shape, dtype, "x*table", xv.requires_grad)?;
+        self.call(Call::new(AtenOp::Mul, vec![x, table], vec![y]))?;
+        Ok(y)
+    }
+
+    /// `torch.cat` along the last dimension, `torch.stack` along a new last one, or `add` of
+    /// same-shaped tensors: a new contiguous tensor (the inputs' promoted dtype) whose backward
+    /// hands each input a view of the output's gradient (`cat_tensors_backward`'s `narrow`s,
+    /// `stack_tensors_backward`'s `unbind`, `add`'s `grad` as it is).
+    fn pass_on(
+        &mut self,
+        op: AtenOp,
+        inputs: &[ValueId],
+        what: &'static str,
+    ) -> Result<ValueId, Error> {
+        let first = self.val(inputs[0]).clone();
+        let mut dims = first.shape.dims().to_vec();
+        if op == AtenOp::Stack {
+            dims.push(inputs.len() as u64);
+        }
+        let mut dtype = first.dtype;
+        let mut rg = first.requires_grad;
+        for &v in &inputs[1..] {
+            let vv = self.val(v).clone();
+            dtype = promote(dtype, vv.dtype);
+            rg |= vv.requires_grad;
+            if op == AtenOp::Cat
+                && let (Some(l), Some(&w)) = (dims.last_mut(), vv.shape.dims().last())
+            {
+                *l = checked(l.checked_add(w), "a concatenated size")?;
+            }
+        }
+        let y = self.fresh(Shape::new(dims), dtype, what, rg)?;
+        self.call(Call::new(op, inputs.to_vec(), vec![y]).view_grad())?;
+        Ok(y)
+    }
+
     /// `q * cos + rotate_half(q) * sin` (transformers' `apply_rotary_pos_emb`): keeps only the
     /// shared `cos`/`sin` tables; the result is a new tensor in the input's (dense) layout.
     /// With float32 tables and a 16-bit `q` (OLMo-2) the products and their sum are float32
@@ -433,6 +686,7 @@ impl Tracer<'_> {
             tables_f32,
             upcast,
             half,
+            ..
         } = rope;
         let tv = self.val(t).clone();
         if half {
@@ -996,7 +1250,7 @@ impl Tracer<'_> {
             let rope = self.rope.ok_or_else(|| {
                 self.err("`rotary = true` needs a `rotary` layer earlier in the model".into())
             })?;
-            (self.rope_apply(q, rope)?, self.rope_apply(k, rope)?)
+            self.rope_pair(q, k, rope)?
         } else {
             (q, k)
         };
@@ -1053,5 +1307,16 @@ impl Tracer<'_> {
         };
         let out = self.sdpa_fused(q, k, v, &cfg, None)?;
         Ok(heads_first(self, out))
+    }
+}
+
+/// The layout of a new tensor computed elementwise from one of layout `l` (TensorIterator
+/// keeps a dense input's dimension order): heads split out of a fused projection come out
+/// dense in that order; any other strided view, contiguous.
+fn dense_order(l: Layout) -> Layout {
+    match l {
+        Layout::HeadsStrided => Layout::HeadsTransposed,
+        Layout::Strided | Layout::LastTwoSwapped => Layout::Contiguous,
+        l => l,
     }
 }

@@ -1041,6 +1041,12 @@ struct Rope {
     sin: StorageId,
     /// Joined with `torch.cat` (see `Op::Rotary`).
     concat: bool,
+    /// Each rotated tensor joined right after its rotation (Phi-3), not after both.
+    concat_each: bool,
+    /// Pairs interleaved in each head, rotated by diffusers' `apply_rotary_emb` (Flux).
+    interleaved: bool,
+    /// `[batch, S, head_dim]` tables (Qwen2-VL's M-RoPE and its vision tower).
+    per_sample: bool,
     /// Float32 tables whatever the activation dtype (OLMo-2): rotated in float32, cast back.
     tables_f32: bool,
     /// Q and K rotated in float32 against tables in the activation dtype (Cohere).

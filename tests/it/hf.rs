@@ -1456,6 +1456,27 @@ fn qwen2_vl_image_tokens_follow_the_image_size() {
     );
 }
 
+/// Phi-3 joins each rotated tensor to its pass-through part right after rotating it
+/// (`concat_each`, `apply_rotary_pos_emb` in `models/phi3/modeling_phi3.py`); GPT-NeoX rotates
+/// both, then joins them (`concat`).
+#[test]
+fn phi3_and_gpt_neox_join_their_rotated_parts_in_their_own_order() {
+    let rotary = |file: &str| {
+        let t = printed(&[file]);
+        layers(&t)
+            .iter()
+            .find(|l| l["kind"].as_str() == Some("rotary"))
+            .cloned()
+            .unwrap()
+    };
+    let phi3 = rotary("tests/fixtures/hf/phi3_tiny.json");
+    assert_eq!(phi3["concat_each"].as_bool(), Some(true));
+    assert_eq!(phi3.get("concat"), None);
+    let neox = rotary("tests/fixtures/hf/gpt_neox_tiny.json");
+    assert_eq!(neox["concat"].as_bool(), Some(true));
+    assert_eq!(neox.get("concat_each"), None);
+}
+
 /// GPT-OSS: sliding windows of 128 on the even layers, attention sinks (eager by default),
 /// half-width rotary tables, and on every layer the biased top-k-then-softmax router and the
 /// experts with biases and the clamped SwiGLU.

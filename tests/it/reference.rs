@@ -337,11 +337,11 @@ fn allocator_exceptions_are_needed() {
             }
         }
     }
-    // One reserved miss of one 2 MiB segment each: phi3 tiny fp32 (a 38 MiB step) and the
-    // tiny Flux transformer (a 14 MiB step).
+    // One reserved miss of one 2 MiB segment: phi3 tiny fp32 (a 38 MiB step). The tiny Flux
+    // transformer (-12.5 %) met the bar once diffusers' rotary ran as its operators.
     assert!(
-        seen <= 2,
-        "more than 2 exceptions: the allocator model needs work"
+        seen <= 1,
+        "more than 1 exception: the allocator model needs work"
     );
 }
 

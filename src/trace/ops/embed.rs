@@ -232,7 +232,10 @@ impl Tracer<'_> {
         let rope = Some(Rope {
             cos,
             sin,
-            concat: c.concat,
+            concat: c.concat || c.concat_each,
+            concat_each: c.concat_each,
+            interleaved: c.interleaved,
+            per_sample: c.per_sample,
             tables_f32: c.tables_f32,
             upcast: c.upcast,
             half: c.half_tables,
