@@ -459,12 +459,19 @@ fn the_allocator_replays_each_ranks_stream() {
             .map(|k| get(k, "/peak_without_gloo_scratch"))
             .max()
             .expect("a rank");
-        if !(tensor <= allocated && err_pct(allocated, tensor) <= 3.0 && allocated <= reserved) {
+        // The allocated figure counts whole blocks: 512-B rounding, and a large-pool block
+        // keeps a remainder under 1 MiB unsplit (`CUDACachingAllocator.cpp`, `should_split`),
+        // so on a model of a few tens of MB (the MLP under mixed precision: 53 MB, with 4 MB
+        // bfloat16 gradients and a 4 MB cast copy live at the peak) a couple of such
+        // remainders pass 3 %: the slack allowed is 3 % or 2 MiB, whichever is larger.
+        let slack = |of: u64| (of / 100 * 3).max(2 << 20);
+        if !(tensor <= allocated && allocated - tensor <= slack(tensor) && allocated <= reserved) {
             failures.push(format!(
-                "{id}: tensor {tensor} <= allocated {allocated} (+3 % at most) <= reserved {reserved}"
+                "{id}: tensor {tensor} <= allocated {allocated} (+3 % or 2 MiB at most) <= reserved {reserved}"
             ));
         }
-        if err_pct(tensor, measured).abs() <= 1.0 && err_pct(allocated, measured).abs() > 3.0 {
+        if err_pct(tensor, measured).abs() <= 1.0 && allocated.abs_diff(measured) > slack(measured)
+        {
             failures.push(format!(
                 "{id}: allocated {allocated} is {:+.2}% from the measured peak {measured}",
                 err_pct(allocated, measured)
