@@ -4,7 +4,8 @@
 //! `dist-cases-cli.json` says how each case is asked of memest. `extra-reference-dist.json` holds
 //! more plans measured the same way (`tools/dist_cases.json`: DDP with
 //! `gradient_as_bucket_view`, FSDP2 without `reshard_after_forward`, FSDP2 with a bfloat16
-//! `MixedPrecisionPolicy`, world 4; FSDP2 with two micro-batches of gradient accumulation
+//! `MixedPrecisionPolicy` (with and without `reshard_after_forward`, and on the MLP), world 4;
+//! FSDP2 with two micro-batches of gradient accumulation
 //! (`"grad_accum": 2`, saved activations of the last micro-batch), with and without
 //! `reshard_after_forward`; a three-layer MLP under one FSDP2 unit with and without
 //! accumulation; a three-layer convolutional net with Adafactor under DDP and FSDP2; DDP's
