@@ -41,7 +41,10 @@ Per rank it records, in bytes:
                        `gloo collective scratch`: blocks gloo allocates inside all_gather_into_tensor
                        (an output-sized copy) and reduce_scatter_tensor (a clone of the input);
                        NCCL makes neither, so `peak_without_gloo_scratch` (max of the total less the
-                       live scratch) is the figure to hold against a GPU run.
+                       live scratch) is the figure to hold against a GPU run;
+                       `at_peak_without_gloo_scratch` splits it as `at_peak` does (scratch left
+                       out) and `peak_without_gloo_scratch_context` names the ops and frames of the
+                       allocation that made it.
                        `off_thread`: frees (and allocations) that happened on another thread (gloo
                        drops a collective's tensors on its worker thread; intra-op threads): the
                        profiler records only the main thread, the total still shows them; the replay
@@ -96,7 +99,9 @@ optimizers sgd, sgd_momentum, adam, adamw, adafactor) plus
             | {"kind": "deepspeed", "stage": 0-3, "bf16": bool, "config": {...merged into the
                DeepSpeed config, e.g. zero_optimization bucket sizes}}
   "warmup": int, "repeat": int, "tracker": bool, "timeline": bool (default true)
-Environment: MEASURE_THREADS (torch threads per rank; default cpu_count // world_size).
+Environment: MEASURE_THREADS (torch threads per rank; default cpu_count // world_size);
+MEASURE_EVENTS=1 adds `events` to each step's allocator figures: every allocation and free of at
+least MEASURE_EVENTS_MIN bytes (default 1 MiB) with the running total, its label and frames.
 """
 import ctypes
 import datetime
@@ -497,6 +502,9 @@ _FSDP2_KEYS = [("foreach_all_gather_copy_out", "fsdp2: unsharded params (all-gat
 
 
 GLOO_TEMP = "gloo collective scratch (NCCL has none): "
+# MEASURE_EVENTS=1: each rank's measured step also lists its allocation events of at least this
+# many bytes (size, total, total less gloo scratch, phase, label, innermost frames), in order.
+EVENTS_MIN = int(os.environ.get("MEASURE_EVENTS_MIN", 1 << 20))
 
 
 def _fn(frame):
@@ -594,13 +602,18 @@ def allocator_figures(prof, pre_ptrs=None, saved_ptrs=(), post_ptrs=None):
         return next((name for name, t0, t1 in phases if t0 <= t <= t1), "between phases")
 
     phase_at_peak = phase_of(t_peak)
-    ctx = []
-    p = node.parent
-    while p is not None and len(ctx) < 12:
-        nm = p.name
-        if not any(g in nm for g in _GENERIC_FRAMES) and not nm.startswith("phase:"):
-            ctx.append(nm)
-        p = p.parent
+
+    def context(node):
+        ctx = []
+        p = node.parent
+        while p is not None and len(ctx) < 12:
+            nm = p.name
+            if not any(g in nm for g in _GENERIC_FRAMES) and not nm.startswith("phase:"):
+                ctx.append(nm)
+            p = p.parent
+        return ctx
+
+    ctx = context(node)
 
     # replay: which allocations are alive at the end (to name kept grads / new optimizer state), and
     # which never get a recorded free: gloo drops a collective's tensors on its worker thread when the
@@ -638,6 +651,8 @@ def allocator_figures(prof, pre_ptrs=None, saved_ptrs=(), post_ptrs=None):
     off_thread = {"frees": 0, "freed_bytes": 0, "unmatched_bytes": 0, "allocated_bytes": 0}
     OTHER = "freed/allocated on another thread, not matched to a block"
     peak_nccl = [0, None, None]
+    at_peak_nccl = None
+    events = [] if os.environ.get("MEASURE_EVENTS") else None
     scratch_max = 0
 
     def drop(ptr):
@@ -686,8 +701,13 @@ def allocator_figures(prof, pre_ptrs=None, saved_ptrs=(), post_ptrs=None):
         scratch_max = max(scratch_max, scratch)
         if total - scratch > peak_nccl[0]:
             peak_nccl[:] = [total - scratch, i, phase_of(t)]
+            at_peak_nccl = {k: int(v) for k, v in sorted(cur.items(), key=lambda kv: -kv[1])
+                            if v and not k.startswith(GLOO_TEMP)}
         if i == peak_i:
             at_peak = {k: int(v) for k, v in sorted(cur.items(), key=lambda kv: -kv[1]) if v}
+        if events is not None and abs(size) >= EVENTS_MIN:
+            events.append([int(size), int(total), int(total - scratch), phase_of(t), lab,
+                           " < ".join(_fn(f) for f in context(n)[:6])])
     return {
         "base": int(base),
         "peak": int(peak),
@@ -702,7 +722,10 @@ def allocator_figures(prof, pre_ptrs=None, saved_ptrs=(), post_ptrs=None):
         "off_thread": off_thread,
         "peak_without_gloo_scratch": int(peak_nccl[0]),
         "peak_without_gloo_scratch_phase": peak_nccl[2],
+        "peak_without_gloo_scratch_context": context(allocs[peak_nccl[1]][3]) if peak_nccl[1] is not None else None,
+        "at_peak_without_gloo_scratch": at_peak_nccl,
         "gloo_scratch_max": int(scratch_max),
+        **({"events": events} if events is not None else {}),
         "n_events": len(allocs),
     }
 

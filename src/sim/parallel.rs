@@ -87,6 +87,10 @@ pub(super) struct Unit {
     /// before they are freed (`foreach_reduce`: `reduce_scatter_input` of the padded
     /// unsharded size, `foreach_reduce_scatter_copy_in`); 0 when there is none.
     pub reduce_buffer_bytes: u64,
+    /// FSDP2 under a mixed-precision policy: the largest of the unit's 16-bit gradients, the
+    /// copy the copy-in makes of each before casting it into the float32 reduce-scatter input
+    /// (see [`Dist::new`]); 0 when the gradients are in the reduce dtype already.
+    pub reduce_cast_bytes: u64,
     /// Its parameters in the order its steps first read them: storage, whole elements and
     /// whole bytes.
     pub params: Vec<(StorageId, u64, u64)>,
@@ -604,8 +608,9 @@ impl Dist {
         // FSDP with a `mixed-*` recipe is FSDP2's `MixedPrecisionPolicy(param_dtype=<16-bit>)`:
         // the sharded parameters stay in the master dtype (float32) and are the optimizer's
         // master weights; the all-gather casts them to the 16-bit dtype the step computes in
-        // (the traced weights), and each unit's 16-bit gradients are reduced into float32
-        // shards (`foreach_reduce` casts the reduce-scatter output to the parameter's dtype).
+        // (the traced weights), and each unit's 16-bit gradients are reduced in float32 into
+        // float32 shards, views of the reduce-scatter output (see the reduce-scatter input
+        // below).
         let sharded_master = match plan.sharding {
             Sharding::Fsdp(f) if f.shard_group > 1 => settings
                 .recipe
@@ -789,11 +794,39 @@ impl Dist {
                         |t| shard_grad(t, f.shard_group),
                         &|p| local(p).2,
                     );
+                    // The reduce-scatter runs in the sharded parameters' dtype: PyTorch 2.15's
+                    // FSDP2 with `reduce_dtype=None` promotes over the parameters'
+                    // `unsharded_grad_dtype`, which without a `grad_dtype` override is their
+                    // original dtype (`FSDPParamGroup._get_reduce_dtype`,
+                    // `FSDPParam.unsharded_grad_dtype`; `MixedPrecisionPolicy`: "versionchanged::
+                    // 2.15 ... gradients were previously reduced in param_dtype"): float32 under
+                    // a 16-bit `param_dtype`. The unsharded gradients themselves stay in the
+                    // 16-bit dtype (measured: the tiny Llama's LM head and embedding gradients
+                    // are 32,768,000-byte bfloat16 blocks, although `unsharded_param.grad_dtype`
+                    // reads float32), so the copy-in casts: `fsdp::chunk_cat_mixed_dtype`
+                    // falls back to `torch._chunk_cat`, whose `cat` makes a contiguous copy of
+                    // each gradient's padded chunks in its own dtype before writing it into the
+                    // float32 input, one gradient at a time (measured: one block the size of
+                    // each gradient, freed before the next).
+                    let dtype_of: HashMap<ValueId, DType> =
+                        trainable.iter().map(|t| (t.value, t.dtype)).collect();
                     for u in &mut dist.units {
                         u.gather_buffer = true;
-                        // In the gradients' dtype (`reduce_dtype` defaults to `param_dtype`).
-                        u.reduce_buffer_bytes =
-                            u.grads.iter().fold(0u64, |a, g| a.saturating_add(g.1));
+                        let mut buffer = 0u64;
+                        let mut cast = 0u64;
+                        for &(v, whole, _) in &u.grads {
+                            let d = dtype_of.get(&v).copied().unwrap_or(DType::Float32);
+                            let (g, r) = (grad_dtype(d), at_rest(d));
+                            if g == r {
+                                buffer = buffer.saturating_add(whole);
+                            } else {
+                                let numel = whole / g.bytes_for(1).unwrap_or(1).max(1);
+                                buffer = buffer.saturating_add(bytes_of(r, numel));
+                                cast = cast.max(whole);
+                            }
+                        }
+                        u.reduce_buffer_bytes = buffer;
+                        u.reduce_cast_bytes = cast;
                     }
                 }
             }
@@ -1104,6 +1137,7 @@ fn units(
         reshard_after_forward,
         gather_buffer: false,
         reduce_buffer_bytes: 0,
+        reduce_cast_bytes: 0,
         params: Vec::new(),
     };
     for (range, block) in ranges {
@@ -1129,6 +1163,7 @@ fn units(
                 reshard_after_forward,
                 gather_buffer: false,
                 reduce_buffer_bytes: 0,
+                reduce_cast_bytes: 0,
                 params: Vec::new(),
             };
             for i in piece {

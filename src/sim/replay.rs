@@ -349,10 +349,20 @@ impl<'a> Replay<'a> {
         }
         let buffer = d.units[u].reduce_buffer_bytes;
         if buffer > 0 {
-            // The whole gradients are copied into the reduce-scatter input, then freed.
+            // The whole gradients are copied into the reduce-scatter input, then freed; a
+            // gradient cast on the way is first copied in its own dtype (the largest such copy).
+            let cast = d.units[u].reduce_cast_bytes;
             self.add(Category::CommBuffers, buffer);
             self.heap_alloc(Key::ReduceBuffer(u), buffer);
+            self.add(Category::Temporaries, cast);
+            if cast > 0 {
+                self.heap_alloc(Key::Transient, cast);
+            }
             self.check(Phase::Backward, layer, At::Communication);
+            self.sub(Category::Temporaries, cast);
+            if cast > 0 {
+                self.heap_free(Key::Transient);
+            }
         }
         let mut shards = 0u64;
         for &(v, whole, shard) in &d.units[u].grads {

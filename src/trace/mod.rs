@@ -145,10 +145,27 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         }
         Ok(Shape::new(dims))
     };
+    // FSDP2 under a mixed-precision policy (FSDP with a `mixed-*` recipe): the batch stays in
+    // the dtype the sharded parameters keep (float32), and the root's pre-forward casts each
+    // floating-point input to `param_dtype` (`MixedPrecisionPolicy.cast_forward_inputs`, True by
+    // default; `FSDPState._pre_forward` → `_cast_fp_tensor`,
+    // `torch/distributed/fsdp/_fully_shard/_fsdp_state.py`): a copy the model reads, and its
+    // first layer saves. Measured (gloo, 2 ranks, the MLP of `examples/mlp.toml`): the float32
+    // batch (128,000 B) and a saved 64,000-B bfloat16 copy.
+    let fsdp_cast = settings.amp.is_none()
+        && settings.parallel.as_ref().is_some_and(|p| {
+            matches!(p.sharding, crate::parallel::Sharding::Fsdp(f) if f.shard_group > 1)
+                && !p.model_parallel_only()
+        })
+        && settings
+            .recipe
+            .master_weights
+            .is_some_and(|m| m != settings.recipe.weights);
     // A float input follows the model's dtype (float32 under autocast), as `model.to(dtype)`
     // inputs do; an integer one (token ids) keeps its own.
     let input_dtype = |d: Option<DType>| match d {
         Some(d) if !d.is_float() => d,
+        _ if fsdp_cast => settings.recipe.master_weights.unwrap_or(settings.dtype),
         _ => settings.amp.map_or(settings.dtype, |_| DType::Float32),
     };
     let shape = input_shape(&model.input_dims)?;
@@ -165,7 +182,10 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         buffer_bytes: 0,
     });
     let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
-    let input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
+    let mut input = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
+    if fsdp_cast && dtype.is_float() {
+        input = t.cast(input, settings.dtype)?;
+    }
     let mut top: FastMap<&str, ValueId> =
         FastMap::with_capacity_and_hasher(model.layers.len() + 1, Default::default());
     top.insert(INPUT, input);
@@ -173,7 +193,10 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         let shape = input_shape(dims)?;
         let dtype = input_dtype(*d);
         let storage = t.storage(&shape, dtype, StorageKind::Input, "input batch")?;
-        let v = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
+        let mut v = t.value(storage, shape, dtype, Layout::Contiguous, false, false);
+        if fsdp_cast && dtype.is_float() {
+            v = t.cast(v, settings.dtype)?;
+        }
         top.insert(name.as_str(), v);
     }
     let mut scopes = vec![top];

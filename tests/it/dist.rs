@@ -4,7 +4,8 @@
 //! `dist-cases-cli.json` says how each case is asked of memest. `extra-reference-dist.json` holds
 //! more plans measured the same way (`tools/dist_cases.json`: DDP with
 //! `gradient_as_bucket_view`, FSDP2 without `reshard_after_forward`, FSDP2 with a bfloat16
-//! `MixedPrecisionPolicy`, world 4; FSDP2 with two micro-batches of gradient accumulation
+//! `MixedPrecisionPolicy` (with and without `reshard_after_forward`, and on the MLP), world 4;
+//! FSDP2 with two micro-batches of gradient accumulation
 //! (`"grad_accum": 2`, saved activations of the last micro-batch), with and without
 //! `reshard_after_forward`; a three-layer MLP under one FSDP2 unit with and without
 //! accumulation; a three-layer convolutional net with Adafactor under DDP and FSDP2; DDP's
@@ -37,19 +38,14 @@ const PEAK_TOL_PCT: f64 = 5.0;
 /// Plans whose peak is not within 5 % yet: case, allowed |error| in percent, and why.
 const PEAK_GAPS: &[(&str, f64, &str)] = &[
     (
-        "llama-fp32-b2s128-fsdp2-mp-bf16-w2",
-        13.2,
-        "FSDP2 with a bfloat16 MixedPrecisionPolicy reads 12.2 % low: the casts around its all-gather and reduce-scatter are not modelled yet",
-    ),
-    (
         "convnet-fp32-b4-adafactor-ddp-w2",
         12.1,
-        "reads 11.1 % low (384,732 against 432,544 B), in convolution_backward: the CPU's oneDNN convolution backward scratch is not modelled (as examples/unet2d.toml's CPU peak); the case is here for Adafactor's state, exact",
+        "reads 11.05 % low (384,732 against 432,544 B). memest's own peak, the ReLU's backward before the middle convolution, is the measured total at that moment to 4 B (384,736); the measured peak is in the last convolution's convolution_backward, where oneDNN (mkldnn_convolution_backward_weights) reorders into its blocked layouts beside the input gradient: the output gradient padded from 8 to 16 channels (25,600 B), the input (73,728 B) and the weight gradient padded to 16 output channels (18,432 B). Their sizes come from the primitive oneDNN picks at run time for the host's instruction set (16-channel blocks on this AVX-512 host, 8 under AVX2), not from PyTorch's or oneDNN's source alone, and a GPU's cuDNN has none of them, so memest does not model them (as examples/unet2d.toml's CPU peak); the case is here for Adafactor's state, exact",
     ),
     (
         "convnet-fp32-b4-adafactor-fsdp2-w2",
-        18.4,
-        "reads 17.3 % low (369,820 against 447,240 B), in convolution_backward: the oneDNN scratch as in the DDP case (47,812 B there), and the root unit's 29,600 B all-gather output, which gloo's FSDP2 run still holds there; the case is here for Adafactor's state, exact",
+        12.5,
+        "reads 11.45 % low (369,820 against 417,640 B): the same oneDNN reorders as in the DDP case (47,820 B here). An earlier run measured 447,240 B on rank 0 (-17.3 %), where gloo's worker thread still held the root unit's 29,600 B all-gather output in backward; in this run FSDP2 freed it in wait_for_unshard, as memest models; the case is here for Adafactor's state, exact",
     ),
 ];
 
@@ -194,6 +190,11 @@ fn measured_ranks() {
             .map_or(PEAK_TOL_PCT, |g| g.1);
         if peak_err.abs() > allowed {
             failures.push(format!("{id}: peak {peak_err:+.2}% (allowed {allowed}%)"));
+        }
+        if allowed > PEAK_TOL_PCT && peak_err.abs() <= PEAK_TOL_PCT {
+            failures.push(format!(
+                "{id}: peak {peak_err:+.2}% is within {PEAK_TOL_PCT}%: remove its PEAK_GAPS entry"
+            ));
         }
     }
     eprintln!("{table}");
@@ -459,12 +460,19 @@ fn the_allocator_replays_each_ranks_stream() {
             .map(|k| get(k, "/peak_without_gloo_scratch"))
             .max()
             .expect("a rank");
-        if !(tensor <= allocated && err_pct(allocated, tensor) <= 3.0 && allocated <= reserved) {
+        // The allocated figure counts whole blocks: 512-B rounding, and a large-pool block
+        // keeps a remainder under 1 MiB unsplit (`CUDACachingAllocator.cpp`, `should_split`),
+        // so on a model of a few tens of MB (the MLP under mixed precision: 53 MB, with 4 MB
+        // bfloat16 gradients and a 4 MB cast copy live at the peak) a couple of such
+        // remainders pass 3 %: the slack allowed is 3 % or 2 MiB, whichever is larger.
+        let slack = |of: u64| (of / 100 * 3).max(2 << 20);
+        if !(tensor <= allocated && allocated - tensor <= slack(tensor) && allocated <= reserved) {
             failures.push(format!(
-                "{id}: tensor {tensor} <= allocated {allocated} (+3 % at most) <= reserved {reserved}"
+                "{id}: tensor {tensor} <= allocated {allocated} (+3 % or 2 MiB at most) <= reserved {reserved}"
             ));
         }
-        if err_pct(tensor, measured).abs() <= 1.0 && err_pct(allocated, measured).abs() > 3.0 {
+        if err_pct(tensor, measured).abs() <= 1.0 && allocated.abs_diff(measured) > slack(measured)
+        {
             failures.push(format!(
                 "{id}: allocated {allocated} is {:+.2}% from the measured peak {measured}",
                 err_pct(allocated, measured)
