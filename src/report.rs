@@ -47,7 +47,8 @@ pub struct Report {
     /// Gradient bytes (same shapes and dtypes as the trainable parameters).
     pub gradients_bytes: u64,
     /// Optimizer state bytes (moments, momentum buffers, float32 step counters, 8-bit states
-    /// and their scales), in the dtype of the tensors the optimizer updates.
+    /// and their scales), in the dtype of the tensors the optimizer updates; the step counters
+    /// of a non-fused `torch.optim` optimizer on CUDA are host tensors, in no GPU figure.
     pub optimizer_state_bytes: u64,
     /// Float32 master weights of a `mixed-*` recipe (0 otherwise, and in inference).
     pub master_weights_bytes: u64,
@@ -89,7 +90,11 @@ pub struct Report {
     /// in `at_peak` and `category_max`. Absent without `--ema`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ema_bytes: Option<u64>,
-    /// The estimated memory needed: the peak of the simulated step.
+    /// The estimated memory needed: the peak of the simulated step. On CUDA it counts the
+    /// device's tensors only, as `torch.cuda.max_memory_allocated` does: a non-fused
+    /// `torch.optim` optimizer's `step` counters live on the host (`torch.tensor(0.0)`), so they
+    /// are in `optimizer_state_bytes` but not here, and this never exceeds
+    /// `allocated_peak_bytes`. On the CPU every tensor counts.
     pub total_bytes: u64,
     /// Same as `total_bytes`.
     pub peak_bytes: u64,
