@@ -150,11 +150,52 @@ pub(crate) fn min_gpus_line(m: &crate::report::MinGpus, units: UnitSystem) -> St
             "fewest GPUs that fit {} each: {n} (the figures are at {n})",
             fmt(m.budget_bytes)
         ),
-        None => format!(
-            "no number of GPUs fits {} each (tried up to {}; the per-GPU figure stopped falling or the search ended): the figures are at the size asked for",
-            fmt(m.budget_bytes),
-            m.searched_up_to
-        ),
+        None => {
+            let mut line = format!(
+                "no number of GPUs fits {} each (tried up to {})",
+                fmt(m.budget_bytes),
+                m.searched_up_to
+            );
+            match &m.fixed {
+                Some(f) => {
+                    let mut parts = Vec::new();
+                    if f.runtime_bytes > 0 {
+                        parts.push(format!(
+                            "{} CUDA context, workspaces and NCCL buffers",
+                            fmt(f.runtime_bytes)
+                        ));
+                    }
+                    parts.push(format!(
+                        "{} activations, temporaries, input and communication buffers",
+                        fmt(f.activations_bytes)
+                    ));
+                    parts.push(format!(
+                        "{} model states not divided among the GPUs",
+                        fmt(f.replicated_bytes)
+                    ));
+                    let _ = write!(
+                        line,
+                        ": at {} GPUs each needs {}, of which {} no further sharding removes ({})",
+                        f.gpus,
+                        fmt(f.checked_bytes),
+                        fmt(f.fixed_bytes),
+                        parts.join(", ")
+                    );
+                    if f.fixed_bytes > m.budget_bytes {
+                        let _ = write!(
+                            line,
+                            "; that fixed cost alone exceeds the budget by {}, so more GPUs cannot help this plan",
+                            fmt(f.fixed_bytes - m.budget_bytes)
+                        );
+                    } else {
+                        line.push_str("; the per-GPU figure stopped falling or the search ended");
+                    }
+                }
+                None => line.push_str("; the per-GPU figure stopped falling or the search ended"),
+            }
+            line.push_str(": the figures are at the size asked for");
+            line
+        }
     }
 }
 

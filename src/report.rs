@@ -47,7 +47,8 @@ pub struct Report {
     /// Gradient bytes (same shapes and dtypes as the trainable parameters).
     pub gradients_bytes: u64,
     /// Optimizer state bytes (moments, momentum buffers, float32 step counters, 8-bit states
-    /// and their scales), in the dtype of the tensors the optimizer updates.
+    /// and their scales), in the dtype of the tensors the optimizer updates; the step counters
+    /// of a non-fused `torch.optim` optimizer on CUDA are host tensors, in no GPU figure.
     pub optimizer_state_bytes: u64,
     /// Float32 master weights of a `mixed-*` recipe (0 otherwise, and in inference).
     pub master_weights_bytes: u64,
@@ -89,7 +90,11 @@ pub struct Report {
     /// in `at_peak` and `category_max`. Absent without `--ema`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ema_bytes: Option<u64>,
-    /// The estimated memory needed: the peak of the simulated step.
+    /// The estimated memory needed: the peak of the simulated step. On CUDA it counts the
+    /// device's tensors only, as `torch.cuda.max_memory_allocated` does: a non-fused
+    /// `torch.optim` optimizer's `step` counters live on the host (`torch.tensor(0.0)`), so they
+    /// are in `optimizer_state_bytes` but not here, and this never exceeds
+    /// `allocated_peak_bytes`. On the CPU every tensor counts.
     pub total_bytes: u64,
     /// Same as `total_bytes`.
     pub peak_bytes: u64,
@@ -228,6 +233,104 @@ pub struct MinGpus {
     pub gpus: Option<u64>,
     /// The largest world size tried.
     pub searched_up_to: u64,
+    /// When no number fits: the per-GPU figure where the search ended and the part of it that
+    /// more GPUs cannot remove (the plan's most favourable tensor- and pipeline-parallel
+    /// degree: the smallest such part). `null` when a number fits.
+    pub fixed: Option<FixedCost>,
+}
+
+/// Where `--min-gpus` found no number of GPUs: the figure the budget checks at the largest
+/// world size tried, and of it what no further sharding removes. Of a model state the plan
+/// divides (its per-GPU figure below the whole model's), the per-GPU partition shrinks with
+/// more ranks; everything else at the peak does not: the runtime beside the tensors, the
+/// activations, temporaries, input and communication buffers, and the model states not
+/// divided.
+/// When `fixed_bytes` exceeds the budget, no number of GPUs can fit under this plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub struct FixedCost {
+    /// The world size where the search ended.
+    pub gpus: u64,
+    /// The figure the budget checks there, per GPU.
+    pub checked_bytes: u64,
+    /// Of it, what more GPUs do not remove: the sum of the three parts below.
+    pub fixed_bytes: u64,
+    /// What the checked figure adds to the tensor peak: the CUDA context, cuBLAS workspaces,
+    /// NCCL's buffers, and the caching allocator's reserve beyond the tensors (0 when the
+    /// budget checks the tensor peak, as on the CPU).
+    pub runtime_bytes: u64,
+    /// Activations, temporaries (gathered parameters and optimizer temporaries among them),
+    /// the input batch, the KV cache and communication buffers at the peak.
+    pub activations_bytes: u64,
+    /// Parameters, buffers, gradients, optimizer state and master weights at the peak that the
+    /// plan does not divide: the states it keeps whole on every GPU (DDP's replicas), and what
+    /// exceeds a divided state's per-GPU partition (a layer's whole gradients before their
+    /// reduce-scatter).
+    pub replicated_bytes: u64,
+}
+
+impl FixedCost {
+    /// The fixed part of `r`'s checked figure (a report of a multi-GPU plan at `gpus` ranks):
+    /// the checked figure less, for each model state the plan divides (`ParallelReport`: its
+    /// per-GPU figure below the whole model's), its per-GPU partition live at the peak.
+    #[must_use]
+    pub fn of(r: &Report, gpus: u64) -> FixedCost {
+        use crate::sim::Category as C;
+        let checked = r.budget.as_ref().map_or(r.peak_bytes, |b| b.checked_bytes);
+        let runtime = checked.saturating_sub(r.peak_bytes);
+        // Per model state: its per-GPU partition when the plan divides it (the part more
+        // ranks shrink), else nothing.
+        let (params, grads, optim, master) = r.parallel.as_ref().map_or((0, 0, 0, 0), |p| {
+            let (u, g) = (&p.unsharded, &p.per_gpu);
+            let part = |whole: u64, per: u64| if per < whole { per } else { 0 };
+            let optim = part(u.optimizer_state_bytes, g.optimizer_state_bytes);
+            (
+                part(u.parameters_bytes, g.parameters_bytes),
+                part(u.gradients_bytes, g.gradients_bytes),
+                optim,
+                // Master weights that only the plan creates (DeepSpeed's float32 partitions)
+                // are divided as the optimizer state is.
+                if u.master_weights_bytes == 0 && optim > 0 {
+                    g.master_weights_bytes
+                } else {
+                    part(u.master_weights_bytes, g.master_weights_bytes)
+                },
+            )
+        });
+        let at = |c| r.at_peak.get(c);
+        // At the peak, what exceeds a divided state's partition (a layer's whole gradients
+        // before their reduce-scatter, gathered parameters) is not divided either.
+        let replicated = [
+            (C::Buffers, 0),
+            (C::Parameters, params),
+            (C::Gradients, grads),
+            (C::OptimizerState, optim),
+            (C::MasterWeights, master),
+        ]
+        .into_iter()
+        .fold(0u64, |a, (c, part)| {
+            a.saturating_add(at(c).saturating_sub(part))
+        });
+        let activations = [
+            C::Activations,
+            C::Temporaries,
+            C::Input,
+            C::KvCache,
+            C::CommBuffers,
+        ]
+        .into_iter()
+        .fold(0u64, |a, c| a.saturating_add(at(c)));
+        FixedCost {
+            gpus,
+            checked_bytes: checked,
+            fixed_bytes: runtime
+                .saturating_add(activations)
+                .saturating_add(replicated),
+            runtime_bytes: runtime,
+            activations_bytes: activations,
+            replicated_bytes: replicated,
+        }
+    }
 }
 
 /// `--plan auto`: the plans on `--gpus N`, cheapest in memory first (the `--format json`

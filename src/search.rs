@@ -257,6 +257,8 @@ pub fn min_gpus(
     // The fewest GPUs, their checked figure, the flags there.
     let mut best: Option<(u64, u64, Overrides)> = None;
     let mut searched = 0u64;
+    // Where a degree's search ended without an answer: the smallest fixed part.
+    let mut floor: Option<crate::report::FixedCost> = None;
     for (tp, pp) in pairs {
         let f = if fixed {
             flags.clone()
@@ -276,6 +278,11 @@ pub fn min_gpus(
             Err(e) => return Err(e),
         };
         searched = searched.max(found.1);
+        if let Some(f) = found.2
+            && floor.is_none_or(|b| f.fixed_bytes < b.fixed_bytes)
+        {
+            floor = Some(f);
+        }
         if let Some((gpus, checked, o)) = found.0
             && best
                 .as_ref()
@@ -290,6 +297,7 @@ pub fn min_gpus(
             budget_bytes: budget,
             gpus,
             searched_up_to: searched,
+            fixed: floor.filter(|_| gpus.is_none()),
         },
         best.map(|(_, _, o)| o),
     ))
@@ -305,8 +313,9 @@ type Fewest = (u64, u64, Overrides);
 /// and the search ends without an answer; the figure compared leaves out NCCL's buffers,
 /// which grow from one rank to two and from two to more). World sizes are data-parallel
 /// ranks × `model_parallel` (`tp · pp · cp`). Returns the GPUs, the checked figure (less
-/// NCCL's buffers) and the flags' estimate overrides there, if any fit, and the largest world
-/// size tried.
+/// NCCL's buffers) and the flags' estimate overrides there, if any fit, the largest world
+/// size tried, and when none fits the fixed part of the figure there
+/// ([`crate::report::FixedCost`]).
 fn fewest_ranks(
     spec: &ModelSpec,
     name: &str,
@@ -314,7 +323,7 @@ fn fewest_ranks(
     flags: &crate::parallel::PlanFlags,
     budget: u64,
     model_parallel: u64,
-) -> Result<(Option<Fewest>, u64), crate::Error> {
+) -> Result<(Option<Fewest>, u64, Option<crate::report::FixedCost>), crate::Error> {
     // A config's `train_batch_size` fixes the world size; the search varies it (the global
     // batch grows with the ranks, as it does when a job moves to more GPUs).
     let flags = &crate::parallel::PlanFlags {
@@ -324,7 +333,7 @@ fn fewest_ranks(
         }),
         ..flags.clone()
     };
-    let at = |dp: u64| -> Result<(bool, u64, Overrides), crate::Error> {
+    let at = |dp: u64| -> Result<(bool, u64, Overrides, crate::report::FixedCost), crate::Error> {
         let mut f = flags.clone();
         f.gpus = Some(dp.saturating_mul(model_parallel));
         let overrides = Overrides {
@@ -345,19 +354,20 @@ fn fewest_ranks(
         // NCCL's buffers grow with the ranks (none on one, fewer connections on two), so the
         // stop rule compares the figure without them.
         let nccl = r.parallel.as_ref().map_or(0, |p| p.nccl_bytes);
-        Ok((b.0, b.1.saturating_sub(nccl), overrides))
+        let fixed = crate::report::FixedCost::of(&r, dp.saturating_mul(model_parallel));
+        Ok((b.0, b.1.saturating_sub(nccl), overrides, fixed))
     };
     let mut lo = 0u64; // the largest known not to fit
     let mut dp = 1u64;
     let mut last: Option<u64> = None;
     let found = loop {
-        let (fits, checked, o) = at(dp)?;
+        let (fits, checked, o, fixed) = at(dp)?;
         if fits {
-            break Some((dp, checked, o));
+            break Ok((dp, checked, o));
         }
         if last.is_some_and(|l| checked >= l) || dp.saturating_mul(model_parallel) >= MIN_GPUS_LIMIT
         {
-            break None;
+            break Err(fixed);
         }
         // From one rank to two the figure can rise (the data-parallel engine exists only from
         // two ranks on), so the stop rule compares doublings from two ranks onward.
@@ -368,12 +378,13 @@ fn fewest_ranks(
         dp = dp.saturating_mul(2);
     };
     let searched = dp.saturating_mul(model_parallel);
-    let Some((mut hi, mut checked, mut best)) = found else {
-        return Ok((None, searched));
+    let (mut hi, mut checked, mut best) = match found {
+        Ok(found) => found,
+        Err(fixed) => return Ok((None, searched, Some(fixed))),
     };
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        let (fits, c, o) = at(mid)?;
+        let (fits, c, o, _) = at(mid)?;
         if fits {
             (hi, checked, best) = (mid, c, o);
         } else {
@@ -383,6 +394,7 @@ fn fewest_ranks(
     Ok((
         Some((hi.saturating_mul(model_parallel), checked, best)),
         searched,
+        None,
     ))
 }
 

@@ -182,6 +182,11 @@ pub struct OptimizerPlan<Id> {
     pub tensors: Vec<PlanTensor<Id>>,
     /// State shared by all tensors ([`Optimizer::shared_state_bytes`]), on the device.
     pub shared_state_bytes: u64,
+    /// Of `state_bytes`, the host `step` counters: a float32 scalar per parameter that
+    /// `torch.optim`'s Adam, AdamW, Adagrad, RMSprop and Adafactor keep on the CPU
+    /// (`_init_group`: `torch.tensor(0.0)`) unless fused or capturable. On a GPU the caching
+    /// allocator never sees them: `torch.cuda.max_memory_allocated` leaves them out.
+    pub host_state_bytes: u64,
     /// Whether the state exists before the first step ([`Optimizer::eager_state`]).
     pub eager_state: bool,
     /// Whether the step's temporaries are the `foreach` lists of [`PlanTensor::temporaries`];
@@ -214,6 +219,7 @@ impl<Id> Default for OptimizerPlan<Id> {
             grad_copies: Vec::new(),
             tensors: Vec::new(),
             shared_state_bytes: 0,
+            host_state_bytes: 0,
             eager_state: false,
             foreach: true,
         }
@@ -255,12 +261,17 @@ impl<Id: Copy> OptimizerPlan<Id> {
                     grad_copy_bytes = Some(view.bytes);
                 }
             }
-            plan.state_bytes = plan.state_bytes.saturating_add(optimizer.state_bytes(view));
+            let state_bytes = optimizer.state_bytes(view);
+            let state = optimizer.state_tensors(view, device_step);
+            plan.state_bytes = plan.state_bytes.saturating_add(state_bytes);
+            plan.host_state_bytes = plan
+                .host_state_bytes
+                .saturating_add(state_bytes.saturating_sub(state.iter().sum()));
             plan.tensors.push(PlanTensor {
                 id,
                 master_bytes,
                 grad_copy_bytes,
-                state: optimizer.state_tensors(view, device_step),
+                state,
                 temporaries: match implementation {
                     OptimizerImpl::Foreach => optimizer.foreach_temporaries(view),
                     OptimizerImpl::ForLoop | OptimizerImpl::Fused => Vec::new(),

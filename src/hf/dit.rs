@@ -449,6 +449,31 @@ fn latent_size(image: Option<(u64, u64)>, sample_size: u64) -> (u64, u64) {
     image.unwrap_or((sample_size, sample_size))
 }
 
+/// The widths SD3's and Flux's configs share: `attention_head_dim`, `num_attention_heads`,
+/// `joint_attention_dim` and `pooled_projection_dim`, in that order, each the config's value
+/// or the model's diffusers default (`SD3Transformer2DModel`: 64, 18, 4096, 2048;
+/// `FluxTransformer2DModel`: 128, 24, 4096, 768), and each checked positive.
+///
+/// # Errors
+/// [`Error::Hf`] naming the first field that is 0.
+fn attention_dims(
+    cfg: &Cfg,
+    given: [Option<u64>; 4],
+    defaults: [u64; 4],
+) -> Result<[u64; 4], Error> {
+    const KEYS: [&str; 4] = [
+        "attention_head_dim",
+        "num_attention_heads",
+        "joint_attention_dim",
+        "pooled_projection_dim",
+    ];
+    let mut out = [0; 4];
+    for (i, key) in KEYS.into_iter().enumerate() {
+        out[i] = cfg.required(key, Some(given[i].unwrap_or(defaults[i])))?;
+    }
+    Ok(out)
+}
+
 /// Builds `SD3Transformer2DModel` for a latent of `latent` `(height, width)` (`sample_size`
 /// when `None`).
 #[allow(clippy::too_many_lines)] // the model's forward, in order
@@ -472,21 +497,15 @@ pub(super) fn sd3(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> {
     let patch = cfg.required("patch_size", Some(c.patch_size.unwrap_or(2)))?;
     let in_ch = cfg.required("in_channels", Some(c.in_channels.unwrap_or(16)))?;
     let layers = cfg.layers("num_layers", Some(c.num_layers.unwrap_or(18)))?;
-    let head_dim = cfg.required(
-        "attention_head_dim",
-        Some(c.attention_head_dim.unwrap_or(64)),
-    )?;
-    let heads = cfg.required(
-        "num_attention_heads",
-        Some(c.num_attention_heads.unwrap_or(18)),
-    )?;
-    let joint = cfg.required(
-        "joint_attention_dim",
-        Some(c.joint_attention_dim.unwrap_or(4096)),
-    )?;
-    let pooled = cfg.required(
-        "pooled_projection_dim",
-        Some(c.pooled_projection_dim.unwrap_or(2048)),
+    let [head_dim, heads, joint, pooled] = attention_dims(
+        cfg,
+        [
+            c.attention_head_dim,
+            c.num_attention_heads,
+            c.joint_attention_dim,
+            c.pooled_projection_dim,
+        ],
+        [64, 18, 4096, 2048],
     )?;
     let out_ch = match c.out_channels {
         Some(Some(o)) => cfg.required("out_channels", Some(o))?,
@@ -833,21 +852,15 @@ pub(super) fn flux(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> 
         Some(0) => 0,
         v => cfg.layers("num_single_layers", Some(v.unwrap_or(38)))?,
     };
-    let head_dim = cfg.required(
-        "attention_head_dim",
-        Some(c.attention_head_dim.unwrap_or(128)),
-    )?;
-    let heads = cfg.required(
-        "num_attention_heads",
-        Some(c.num_attention_heads.unwrap_or(24)),
-    )?;
-    let joint = cfg.required(
-        "joint_attention_dim",
-        Some(c.joint_attention_dim.unwrap_or(4096)),
-    )?;
-    let pooled = cfg.required(
-        "pooled_projection_dim",
-        Some(c.pooled_projection_dim.unwrap_or(768)),
+    let [head_dim, heads, joint, pooled] = attention_dims(
+        cfg,
+        [
+            c.attention_head_dim,
+            c.num_attention_heads,
+            c.joint_attention_dim,
+            c.pooled_projection_dim,
+        ],
+        [128, 24, 4096, 768],
     )?;
     let guidance = c.guidance_embeds.unwrap_or(false);
     let axes = c.axes_dims_rope.clone().unwrap_or_else(|| vec![16, 56, 56]);

@@ -575,8 +575,17 @@ fn simulate_inner(
         }
         None => OptimizerPlan::default(),
     };
-    // The optimizer state the allocator counts: paged state lives outside it.
-    let counted_state = if plan.paged { 0 } else { plan.state_bytes };
+    // The optimizer state in the step's timeline: paged state lives outside the allocator;
+    // on CUDA the timeline counts device tensors, as `torch.cuda.max_memory_allocated` does,
+    // so the host `step` counters are left out of it (they stay in `optimizer_state_bytes`);
+    // on the CPU every tensor is the process's.
+    let counted_state = if plan.paged {
+        0
+    } else if settings.device == Device::Cuda {
+        plan.state_bytes.saturating_sub(plan.host_state_bytes)
+    } else {
+        plan.state_bytes
+    };
     let ema_bytes = if training {
         ema_bytes(tape, settings.ema)
     } else {

@@ -34,14 +34,7 @@ impl Tracer<'_> {
         c: &AttentionCfg,
         train: bool,
     ) -> Result<ValueId, Error> {
-        let xv = self.val(x).clone();
-        let (b, s, h) = self.bsh(&xv)?;
-        if !xv.dtype.is_float() {
-            return Err(self.err(format!(
-                "input is {} {}, expected float hidden states",
-                xv.dtype, xv.shape
-            )));
-        }
+        let (xv, (b, s, h)) = self.hidden_states(x)?;
         let mv = self.val(kv_src).clone();
         let &[mb, s_kv, h_kv] = mv.shape.dims() else {
             return Err(self.err(format!(

@@ -192,14 +192,7 @@ impl Tracer<'_> {
         c: &DisentangledAttentionCfg,
         train: bool,
     ) -> Result<ValueId, Error> {
-        let xv = self.val(x).clone();
-        let (b, s, h) = self.bsh(&xv)?;
-        if !xv.dtype.is_float() {
-            return Err(self.err(format!(
-                "input is {} {}, expected float hidden states",
-                xv.dtype, xv.shape
-            )));
-        }
+        let (xv, (b, s, h)) = self.hidden_states(x)?;
         let n = c.heads;
         let d = match c.head_dim {
             Some(d) => d,
@@ -399,28 +392,12 @@ impl Tracer<'_> {
         let va = self.autocast_input(v)?;
         let ctx = self.bmm_heads(probs, va, Shape::from([bn, s, d]), "context")?;
         // Merge the heads: `view`, `permute(0, 2, 1, 3)`, `contiguous`, `view`.
-        let ctx = self.view_op(
+        let merged = self.swap_heads(
             ctx,
-            Shape::from([b, n, s, d]),
-            Layout::Contiguous,
-            AtenOp::View,
-            true,
-        );
-        let ctx = self.view_op(
-            ctx,
-            Shape::from([b, s, n, d]),
+            [b, n, s, d],
             Layout::Strided,
-            AtenOp::Permute,
-            true,
-        );
-        let ctx = self.contiguous(ctx)?;
-        let merged = self.view_op(
-            ctx,
             Shape::from([b, s, width]),
-            Layout::Contiguous,
-            AtenOp::View,
-            true,
-        );
+        )?;
         // `forward`'s locals: `rel_att`, `attention_scores` (masked), `attention_mask` (bool).
         for kept in [rel_att, masked, bool_mask] {
             self.keep_until_here(kept);
@@ -436,29 +413,42 @@ impl Tracer<'_> {
         let &[bb, r, _] = tv.shape.dims() else {
             return Err(Error::Internal("a projection is rank 3"));
         };
+        let rows = checked(bb.checked_mul(n), "batch × heads")?;
+        self.swap_heads(
+            t,
+            [bb, r, n, d],
+            Layout::HeadsTransposed,
+            Shape::from([rows, r, d]),
+        )
+    }
+
+    /// `t.view(split).permute(0, 2, 1, 3).contiguous().view(out)`: the head split of
+    /// `transpose_for_scores` and the head merge after attention. The views copy nothing, the
+    /// permuted view has `layout`, and `contiguous` makes the one copy.
+    fn swap_heads(
+        &mut self,
+        t: ValueId,
+        split: [u64; 4],
+        layout: Layout,
+        out: Shape,
+    ) -> Result<ValueId, Error> {
+        let [a, b, c, d] = split;
         let split = self.view_op(
             t,
-            Shape::from([bb, r, n, d]),
+            Shape::from(split),
             Layout::Contiguous,
             AtenOp::View,
             true,
         );
-        let heads = self.view_op(
+        let swapped = self.view_op(
             split,
-            Shape::from([bb, n, r, d]),
-            Layout::HeadsTransposed,
+            Shape::from([a, c, b, d]),
+            layout,
             AtenOp::Permute,
             true,
         );
-        let heads = self.contiguous(heads)?;
-        let rows = checked(bb.checked_mul(n), "batch × heads")?;
-        Ok(self.view_op(
-            heads,
-            Shape::from([rows, r, d]),
-            Layout::Contiguous,
-            AtenOp::View,
-            true,
-        ))
+        let swapped = self.contiguous(swapped)?;
+        Ok(self.view_op(swapped, out, Layout::Contiguous, AtenOp::View, true))
     }
 
     /// The relative embeddings `[1, 2·span, H]` projected by `(w, b)` (`pos_key_proj`,

@@ -19,14 +19,7 @@ impl Tracer<'_> {
     /// `o_proj` maps them back.
     #[allow(clippy::too_many_lines)] // the projections, cache and kernel read best in order
     pub(super) fn mla(&mut self, x: ValueId, c: &MlaCfg, train: bool) -> Result<ValueId, Error> {
-        let xv = self.val(x).clone();
-        let (b, s, h) = self.bsh(&xv)?;
-        if !xv.dtype.is_float() {
-            return Err(self.err(format!(
-                "input is {} {}, expected float hidden states",
-                xv.dtype, xv.shape
-            )));
-        }
+        let (xv, (b, s, h)) = self.hidden_states(x)?;
         let n = c.heads;
         let (nope, rope_d, vd, kvr) = (
             c.qk_nope_head_dim,

@@ -557,21 +557,10 @@ fn check_device(r: &Report, query: &Query) -> Result<(), String> {
             let reserved = match (r.allocated_peak_bytes, r.reserved_peak_bytes) {
                 (Some(allocated), Some(reserved)) => {
                     // Every tensor is a block of at least its size, so the allocator's peak
-                    // is at least the tensor peak, less what lives on the host: a torch.optim
-                    // optimizer's float32 `step` counters (4 B per parameter tensor, counted in
-                    // the optimizer state; `torch.tensor(0.0)` unless fused or capturable).
-                    // A layer copy has at most 16 parameter tensors (attention's q, k, v, o
-                    // weights and biases, its norms).
-                    let copies: u64 = r.layers.iter().map(|l| l.repeat).sum();
-                    let host = match r.at_peak.optimizer_state_bytes {
-                        0 => 0,
-                        _ => copies.saturating_mul(16 * 4),
-                    };
+                    // is at least the tensor peak: on CUDA both count device tensors only (a
+                    // torch.optim optimizer's host `step` counters are in neither).
                     at_most(
-                        (
-                            "peak_bytes less host step counters",
-                            r.peak_bytes.saturating_sub(host),
-                        ),
+                        ("peak_bytes", r.peak_bytes),
                         ("allocated_peak_bytes", allocated),
                     )?;
                     at_most(

@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 
-use crate::common::{code, memest, stderr, u};
+use crate::common::{code, memest, stderr, stdout, u};
 
 const LLAMA: &str = "examples/llama_tiny.toml";
 /// The measured cases' settings (`tests/data/dist-cases-cli.json`) less the plan.
@@ -630,6 +630,21 @@ fn min_gpus() {
     assert_eq!(r["parallel"]["min_gpus"]["gpus"], Value::Null);
     // The stop rule compares doublings from two ranks on: 2 and 4.
     assert_eq!(r["parallel"]["min_gpus"]["searched_up_to"], 4);
+    // Why, with the figures at 4 GPUs: DDP divides nothing, so the whole 545,450,272 B is
+    // fixed: 16,908,292 B saved, 88,089,600 B of temporaries, 4,096 B of input and a
+    // 88,089,600 B bucket (193,091,588 B), and the replicated weights, gradients, AdamW state
+    // and 128 B of buffers (352,358,684 B); on the CPU nothing beside the tensors.
+    assert_eq!(
+        r["parallel"]["min_gpus"]["fixed"],
+        serde_json::json!({
+            "gpus": 4,
+            "checked_bytes": 545_450_272u64,
+            "fixed_bytes": 545_450_272u64,
+            "runtime_bytes": 0,
+            "activations_bytes": 193_091_588u64,
+            "replicated_bytes": 352_358_684u64,
+        })
+    );
     // A config's train_batch_size (16 = 2 × 1 × 8) does not pin the search's world size.
     let r = report(&[
         LLAMA,
@@ -690,6 +705,36 @@ fn min_gpus_cuda_past_the_communicator() {
     let r = report(&b);
     assert_eq!(u(&r["budget"], "checked_bytes"), 1_150_478_048);
     assert_eq!(r["budget"]["fits"], false);
+    // Under 10^9 B no number fits, whatever the search tries (up to 65,536 GPUs): there each
+    // GPU holds 1,362 B of weights and of gradients and 2,724 B each of momentum and float32
+    // master partition (8,172 B, what more GPUs shrink); the rest is fixed: the CUDA context
+    // (426 MiB), cuBLAS workspaces (66 MiB) and NCCL buffers (441 MiB), 978,321,408 B; the
+    // activations, temporaries, input and the 98,089,600 B of communication buffers
+    // (101,635,588 B); a layer's whole gradients before their reduce-scatter and the buffers
+    // (32,768,128 B). That alone is over the budget.
+    let mut c = base.to_vec();
+    c.extend(["--min-gpus", "--tp", "1"]);
+    let at = c.len() - 4;
+    c[at] = "1000000000";
+    let r = report(&c);
+    let m = &r["parallel"]["min_gpus"];
+    assert_eq!(m["gpus"], Value::Null);
+    assert_eq!(
+        m["fixed"],
+        serde_json::json!({
+            "gpus": 65_536,
+            "checked_bytes": 1_112_733_296u64,
+            "fixed_bytes": 1_112_725_124u64,
+            "runtime_bytes": 978_321_408u64,
+            "activations_bytes": 101_635_588u64,
+            "replicated_bytes": 32_768_128u64,
+        })
+    );
+    let text = stdout(&memest(&c));
+    assert!(
+        text.contains("no number of GPUs fits 953.7 MiB each (tried up to 65536): at 65536 GPUs each needs 1.04 GiB, of which 1.04 GiB no further sharding removes (933.0 MiB CUDA context, workspaces and NCCL buffers, 96.93 MiB activations, temporaries, input and communication buffers, 31.25 MiB model states not divided among the GPUs); that fixed cost alone exceeds the budget by 107.5 MiB, so more GPUs cannot help this plan"),
+        "{text}"
+    );
 }
 
 /// `--plan auto` on 16 GPUs: the twelve data-parallel plans (hybrid-shard past one node of 8)

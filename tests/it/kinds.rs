@@ -741,9 +741,6 @@ fn narrow() {
     check("narrow", &[], 256, 6);
 }
 
-/// The README's layer-kind table documents exactly the keys each kind's config reads
-/// (`memest::graph::kind_keys`): every key of a kind appears in its row, and a row names no key
-/// that only other kinds take.
 #[test]
 fn lstm_onednn_workspace() {
     // nn.LSTM(5, 4, num_layers=2, bidirectional=True, batch_first=True) on [2, 3, 5]: on the CPU
@@ -923,6 +920,9 @@ fn einsum_refuses_what_it_does_not_model() {
     }
 }
 
+/// The README's layer-kind table documents exactly the keys each kind's config reads
+/// (`memest::graph::kind_keys`): every key of a kind appears in its row, and a row names no key
+/// that only other kinds take.
 #[test]
 fn readme_lists_the_keys_each_kind_reads() {
     use memest::graph::kind_keys;

@@ -3,8 +3,8 @@
 //! Each case of `cases-cli.json` runs `memest ARGS --format json` from the crate root and is
 //! compared with its record in `reference.json`: parameter, gradient and optimizer-state bytes
 //! and the parameter count exactly, saved activations within 0.1 %, the step's peak within its
-//! case's allowance in `peak-allowance.json` (the error achieved when the allowance was set,
-//! plus 1 point), and over all cases the median absolute errors within 0.01 % (activations)
+//! case's allowance in `peak-allowance.json` (the error achieved plus 1 point, rounded up to
+//! 0.1: an allowance looser than that fails, so none is left stale), and over all cases the median absolute errors within 0.01 % (activations)
 //! and 0.5 % (peak). The tolerances follow what is achieved, so that a regression fails.
 //!
 //! Every compared figure is also pinned to the byte by a snapshot of the comparison table
@@ -188,7 +188,8 @@ fn peak_allowance(allowances: &Value, file: &str, id: &str) -> f64 {
         .unwrap_or_else(|| panic!("{file} has no allowance for case {id}"))
 }
 
-/// Runs memest on every case of `set` and lists every compared figure.
+/// Runs memest on every case of `set` and lists every compared figure; fails when a case's
+/// peak allowance is looser than the rule ([`allowance_rule`]).
 pub(crate) fn compare_set(set: &Set) -> Vec<Row> {
     let cases = cases_in(set);
     assert!(
@@ -198,7 +199,53 @@ pub(crate) fn compare_set(set: &Set) -> Vec<Row> {
         set.cli,
         cases.len()
     );
-    compare_cases_with(&cases, set.allowance)
+    let rows = compare_cases_with(&cases, set.allowance);
+    assert_allowances_follow_the_rule(&rows, set.allowance);
+    rows
+}
+
+/// The peak allowance a case's error earns: the |error| achieved plus 1 point, rounded up to
+/// 0.1 (`peak-allowance*.json`'s `_about`). The product is rounded to 1e-9 first, so that an
+/// error of exactly 0.2 % gives 1.2, not 1.3.
+fn allowance_rule(err_pct: f64) -> f64 {
+    let tenths = ((err_pct.abs() + 1.0) * 10.0 * 1e9).round() / 1e9;
+    tenths.ceil() / 10.0
+}
+
+/// Every peak allowance is at most what the rule gives the case's error today: an allowance
+/// left loose after memest came closer fails here, naming the value to lower it to.
+fn assert_allowances_follow_the_rule(rows: &[Row], file: &str) {
+    let loose: Vec<String> = rows
+        .iter()
+        .filter(|r| r.field == "peak_bytes")
+        .filter_map(|r| {
+            let Check::WithinPct(allowed) = r.check else {
+                return None;
+            };
+            let err = r.err().unwrap_or(0.0);
+            let rule = allowance_rule(err);
+            (allowed > rule + 1e-9).then(|| {
+                format!(
+                    "{}: {allowed} allowed, the error is {err:+.3} %, so at most {rule}",
+                    r.case
+                )
+            })
+        })
+        .collect();
+    assert!(
+        loose.is_empty(),
+        "{file}: allowances looser than the error plus 1 point (rounded up to 0.1); lower them:\n{}",
+        loose.join("\n")
+    );
+}
+
+#[test]
+fn allowance_rule_rounds_up_to_a_tenth() {
+    assert!((allowance_rule(0.0) - 1.0).abs() < 1e-12);
+    assert!((allowance_rule(0.2) - 1.2).abs() < 1e-12);
+    assert!((allowance_rule(-0.007) - 1.1).abs() < 1e-12);
+    assert!((allowance_rule(-5.781) - 6.8).abs() < 1e-12);
+    assert!((allowance_rule(3.003) - 4.1).abs() < 1e-12);
 }
 
 /// Runs memest on each `(id, arguments, reference record)` and lists every compared figure

@@ -176,6 +176,24 @@ impl Tracer<'_> {
         }
     }
 
+    /// The value of an attention layer's input and its `[batch, seq, hidden]` dimensions,
+    /// checked to be floating-point hidden states (attention, DeBERTa's disentangled attention,
+    /// MLA).
+    pub(in crate::trace) fn hidden_states(
+        &self,
+        x: ValueId,
+    ) -> Result<(Value, (u64, u64, u64)), Error> {
+        let xv = self.val(x).clone();
+        let bsh = self.bsh(&xv)?;
+        if !xv.dtype.is_float() {
+            return Err(self.err(format!(
+                "input is {} {}, expected float hidden states",
+                xv.dtype, xv.shape
+            )));
+        }
+        Ok((xv, bsh))
+    }
+
     /// The weight of the embedding called `name` (`tie`), checked to be `[rows, cols]`.
     pub(super) fn tied(&self, name: &str, rows: u64, cols: u64) -> Result<ValueId, Error> {
         let w = *self.embeddings.get(name).ok_or_else(|| {
