@@ -127,13 +127,16 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
     };
     referenced(&model.layers, &mut t.referenced);
     // Every layer makes a row and, but for a few views, a step, a storage and a value: sized
-    // up front, these tables do not grow by copying (a model's layers, each block's once).
+    // up front (twice the layers, room for the loss and a second operator per layer; capacity
+    // never written takes no memory), these tables do not grow by copying. A model's layers
+    // count each block's once.
     let layers = layer_count(&model.layers);
+    let ops = layers.saturating_mul(2).saturating_add(16);
     t.layer_index.reserve(layers);
     t.tape.layers.reserve(layers.saturating_add(1));
-    t.tape.steps.reserve(layers);
-    t.tape.storages.reserve(layers);
-    t.tape.values.reserve(layers);
+    t.tape.steps.reserve(ops);
+    t.tape.storages.reserve(ops);
+    t.tape.values.reserve(ops);
     // Context parallelism: each rank holds `seq / cp` positions of every sequence.
     let cp = settings.parallel.as_ref().map_or(1, |p| p.cp.max(1));
     let input_shape = |dims_spec: &[DimSpec]| -> Result<Shape, Error> {
