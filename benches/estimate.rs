@@ -129,12 +129,18 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 
 /// 100,000 `relu` layers in one flat list, named (`name = "rN"`) or not (each gets a default
 /// name checked against its siblings' names). Target: at most 300 ms, linear in the count.
-/// Measured on the binary (user time, CUDA default): 0.32-0.34 s unnamed, 0.38-0.39 s named
-/// (0.45-0.47 s and 0.43-0.46 s before the tracer stopped recording parameters by name for
-/// models without `shares`, interleaved under load ~5; 0.61-0.67 s on CPU before `set_keys`
-/// stopped serializing each layer to JSON), plus ~0.2 s system time for its ~260 MB; this bench
-/// 541 -> 423 ms (median, load ~3). `flat_layers_stage` splits it: parse 119 ms (the TOML
-/// document and 100,000 `LayerSpec`s of ~700 B each), build 60, trace 63, simulate 47, report 13.
+/// Not met. Measured 2026-12-02 on 2 shared cores at load ~7, this bench, median (fastest),
+/// before -> after the flat-layer work (toml's `fast_hash`, shapes in place, no `Op` copies in
+/// the graph's scopes, the tracer's tables sized up front and only referenced names in scope):
+/// (100000, false) 1.745 s (1.522) -> 1.181 s (1.041), (100000, true) 1.628 s (1.338) ->
+/// 1.209 s (1.121), (10000, false) 80 ms (72) -> 97 ms (59), (10000, true) 64 ms (57) -> 87 ms
+/// (84): the 10k figures are within the noise of a loaded machine. The binary (`perf stat -r 5`
+/// task-clock, load 6-7): unnamed TOML 1297 -> 991 ms, named TOML 981 -> 952 ms, unnamed JSON
+/// 1111 -> 801 ms, named JSON 1140 -> 762 ms; page faults 111,874 -> 92,766 (TOML) and 88,965 ->
+/// 63,039 (JSON); max RSS 274 -> 254 MB. On a quiet machine the same session measured this bench
+/// before the work at 717-953 ms (unnamed) and 800-850 ms (named). What is left is mostly
+/// memory: each `LayerSpec` is 1,288 bytes with one optional field per key (129 MB for 100,000
+/// layers, alive for the whole estimate), and each traced step allocates its small vectors.
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");
@@ -199,7 +205,11 @@ fn llama_2_7b_max_batch(bencher: divan::Bencher) {
 }
 
 /// The stages of `flat_layers` (100,000 unnamed `relu` layers) one by one: parsing the TOML,
-/// building the graph, tracing, simulating, assembling the report.
+/// building the graph, tracing, simulating, assembling the report. Measured 2026-12-02, load ~7,
+/// median (fastest), before -> after the flat-layer work: parse 498 ms (472) -> 317 ms (292),
+/// build 314 (292) -> 259 (168), trace 252 (247) -> 70 (63), simulate 216 (156) -> 188 (153),
+/// report 38 (38) -> 21 (18). Earlier on a quiet machine: parse 240, build 143, trace 117,
+/// simulate 112, report 20.
 #[divan::bench(args = ["parse", "build", "trace", "simulate", "report"], sample_count = 3, sample_size = 1)]
 fn flat_layers_stage(bencher: divan::Bencher, stage: &str) {
     let mut src = String::from("[input]\nshape = [16]\n");

@@ -394,7 +394,7 @@ pub fn load_spec_with(
     image: Option<hf::ImageSize>,
 ) -> Result<spec::ModelSpec, Error> {
     let src = src.strip_prefix('\u{feff}').unwrap_or(src);
-    if format == spec::Format::Json {
+    if format == spec::Format::Json && !memest_json(src) {
         if let Ok(value) = serde_json::from_str::<serde_json::Value>(src)
             && hf::is_hf_config(&value)
         {
@@ -421,6 +421,16 @@ pub fn load_spec_with(
         ));
     }
     spec::parse(src, format, graph::kind_keys)
+}
+
+/// Whether a JSON document's top level has memest's own `layers` or `input` key, which no
+/// Hugging Face config has ([`hf::is_hf_config`]). The values are skipped, not built: a
+/// memest file is then parsed once, straight into its spec, rather than first as a whole
+/// document (a 100,000-layer file is 100,000 maps). `false` when the text does not read as
+/// one JSON object (the full reading then reports why).
+fn memest_json(src: &str) -> bool {
+    serde_json::from_str::<std::collections::HashMap<String, serde::de::IgnoredAny>>(src)
+        .is_ok_and(|top| top.contains_key("layers") || top.contains_key("input"))
 }
 
 /// Traces and simulates a parsed description (see [`estimate`]).

@@ -298,12 +298,11 @@ pub fn build(spec: &ModelSpec, default_name: &str) -> Result<Model, Error> {
     })
 }
 
-/// The names of a block's layers so far, each with its operation (`None` for a repeated block
-/// or a named model input), for `inputs` and `shares`.
-/// Each name of a block: a single layer's kind, config and the layer as written (for `shares`'
-/// errors), or `None` for a repeat block or a named input.
-type Scope<'s> =
-    HashMap<String, Option<(LayerKind, Op, &'s LayerSpec)>, foldhash::fast::RandomState>;
+/// The names of a block's layers so far, for `inputs` and `shares`: each single layer as
+/// written, or `None` for a repeat block or a named model input. `shares` rebuilds its owner's
+/// config from it (a pure function of the layer and its name): keeping every layer's config
+/// here would copy each `Op` once more for the rare layer that shares.
+type Scope<'s> = HashMap<String, Option<&'s LayerSpec>, foldhash::fast::RandomState>;
 
 fn build_layers<'s>(
     specs: &'s [LayerSpec],
@@ -333,11 +332,14 @@ fn build_layers<'s>(
         let name = spec.name.clone().unwrap_or_else(|| {
             let base = format!("{}{}", spec.kind, i + 1);
             let taken = |n: &str| given.contains(n);
-            let mut name = base.clone();
+            if !taken(&base) {
+                return base;
+            }
             let mut k = 2;
+            let mut name = format!("{base}_{k}");
             while taken(&name) {
-                name = format!("{base}_{k}");
                 k += 1;
+                name = format!("{base}_{k}");
             }
             name
         });
@@ -451,11 +453,11 @@ fn build_layers<'s>(
             shared_op(owner, &name, spec, &node, scopes).map_err(&fail)?;
         }
         let scope = scopes.last_mut().expect("a scope was pushed above");
-        let op = match &node {
-            Node::Op(op) => Some((spec.kind, op.clone(), spec)),
+        let single = match &node {
+            Node::Op(_) => Some(spec),
             Node::Repeat { .. } => None,
         };
-        if scope.insert(name.clone(), op).is_some() {
+        if scope.insert(name.clone(), single).is_some() {
             return Err(fail(format!("duplicate layer name `{name}` in this block")));
         }
         out.push(Layer {
@@ -502,17 +504,20 @@ fn shared_op(
             "`shares` names `{owner}`, which is no earlier layer{hint}; a layer may share the parameters of an earlier layer of its block or of an enclosing block"
         ));
     };
-    let Some((their_kind, theirs, their_spec)) = found else {
+    let Some(their_spec) = *found else {
         return Err(format!(
             "layer `{name}` shares `{owner}`, which is a block or a model input; `shares` names a single layer"
         ));
     };
-    if *their_kind != kind {
+    let their_kind = their_spec.kind;
+    if their_kind != kind {
         return Err(format!(
             "layer `{name}` ({kind}) shares `{owner}`, which is a `{their_kind}`: a layer shares the parameters of a layer of its own kind"
         ));
     }
-    if theirs != op {
+    // The owner built without error when it was read (its name is the key it was found by).
+    let theirs = build_op(their_spec, owner)?;
+    if theirs != *op {
         return Err(format!(
             "layer `{name}` shares `{owner}`, but their configs differ: write `{name}` with the keys of `{owner}` ({})",
             differing_keys(their_spec, owner, spec, name)

@@ -11,6 +11,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState;
+
 use crate::alloc::{BlockId, CachingAllocator, Config};
 use crate::error::Error;
 use crate::trace::{StorageId, ValueId};
@@ -95,7 +97,9 @@ struct Held {
 /// The allocator, the blocks under each key, and the first error met.
 pub(super) struct Heap {
     alloc: CachingAllocator,
-    blocks: HashMap<Key, Vec<Held>>,
+    /// By key, hashed with foldhash: a step touches several keys, so std's SipHash showed in
+    /// profiles of 100,000-layer models.
+    blocks: HashMap<Key, Vec<Held>, RandomState>,
     error: Option<Error>,
     /// The stream, when `MEMEST_ALLOC_TRACE` names a file to write it to (module docs).
     trace: Option<Vec<String>>,
@@ -124,7 +128,7 @@ impl Heap {
     pub(super) fn new(config: Config) -> Heap {
         Heap {
             alloc: CachingAllocator::new(config),
-            blocks: HashMap::new(),
+            blocks: HashMap::default(),
             error: None,
             trace: std::env::var_os(TRACE_VAR).map(|_| Vec::new()),
             at: None,

@@ -123,7 +123,20 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         layer_params: Vec::new(),
         shares_used: any_shares(&model.layers),
         sharing: None,
+        referenced: std::collections::HashSet::default(),
     };
+    referenced(&model.layers, &mut t.referenced);
+    // Every layer makes a row and, but for a few views, a step, a storage and a value: sized
+    // up front (twice the layers, room for the loss and a second operator per layer; capacity
+    // never written takes no memory), these tables do not grow by copying. A model's layers
+    // count each block's once.
+    let layers = layer_count(&model.layers);
+    let ops = layers.saturating_mul(2).saturating_add(16);
+    t.layer_index.reserve(layers);
+    t.tape.layers.reserve(layers.saturating_add(1));
+    t.tape.steps.reserve(ops);
+    t.tape.storages.reserve(ops);
+    t.tape.values.reserve(ops);
     // Context parallelism: each rank holds `seq / cp` positions of every sequence.
     let cp = settings.parallel.as_ref().map_or(1, |p| p.cp.max(1));
     let input_shape = |dims_spec: &[DimSpec]| -> Result<Shape, Error> {
@@ -186,8 +199,10 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
     if fsdp_cast && dtype.is_float() {
         input = t.cast(input, settings.dtype)?;
     }
-    let mut top: FastMap<&str, ValueId> =
-        FastMap::with_capacity_and_hasher(model.layers.len() + 1, Default::default());
+    let mut top: FastMap<&str, ValueId> = FastMap::with_capacity_and_hasher(
+        t.referenced.len() + model.extra_inputs.len() + 1,
+        Default::default(),
+    );
     top.insert(INPUT, input);
     for (name, dims, d) in &model.extra_inputs {
         let shape = input_shape(dims)?;
@@ -266,12 +281,18 @@ fn prune_unreached(tape: &mut Tape) {
     let Some(last) = tape.steps.last() else {
         return;
     };
-    let mut reached: std::collections::HashSet<ValueId> = last.outputs.iter().copied().collect();
+    // Values are dense ids: one flag each, rather than a hashed set.
+    let mut reached = vec![false; tape.values.len()];
+    for &o in &last.outputs {
+        reached[usize::from(o)] = true;
+    }
     let mut live = vec![false; tape.steps.len()];
     for (i, step) in tape.steps.iter().enumerate().rev() {
-        if step.outputs.iter().any(|o| reached.contains(o)) {
+        if step.outputs.iter().any(|&o| reached[usize::from(o)]) {
             live[i] = true;
-            reached.extend(step.inputs.iter().copied());
+            for &v in &step.inputs {
+                reached[usize::from(v)] = true;
+            }
         }
     }
     let mut kept = Vec::new();
@@ -289,7 +310,7 @@ fn prune_unreached(tape: &mut Tape) {
         }
     }
     for p in &mut tape.params {
-        if p.trainable && !reached.contains(&p.value) {
+        if p.trainable && !reached[usize::from(p.value)] {
             p.trainable = false;
         }
     }
@@ -348,6 +369,36 @@ struct Tracer<'a> {
     /// While a layer with `shares` is traced, the parameters it takes (in order) instead of
     /// making its own ([`Tracer::param_typed`]).
     sharing: Option<std::collections::VecDeque<ValueId>>,
+    /// The names some layer's `inputs` give (inside blocks too): only these layers' outputs
+    /// are put in scope, so a model whose layers each read the previous one hashes no name.
+    referenced: std::collections::HashSet<String, foldhash::fast::RandomState>,
+}
+
+/// The names `layers`' `inputs` give, inside blocks too.
+fn referenced(
+    layers: &[Layer],
+    into: &mut std::collections::HashSet<String, foldhash::fast::RandomState>,
+) {
+    for l in layers {
+        for r in &l.inputs {
+            if let InputRef::Named(n) = r
+                && !into.contains(n)
+            {
+                into.insert(n.clone());
+            }
+        }
+        if let Node::Repeat { body, .. } = &l.node {
+            referenced(body, into);
+        }
+    }
+}
+
+/// The number of layers of `layers` as written, inside blocks too (each block's body once).
+fn layer_count(layers: &[Layer]) -> usize {
+    layers.iter().fold(0usize, |n, l| match &l.node {
+        Node::Repeat { body, .. } => n.saturating_add(1).saturating_add(layer_count(body)),
+        Node::Op(_) => n.saturating_add(1),
+    })
 }
 
 /// Whether a layer of `layers` (inside blocks too) has `shares`.
@@ -655,20 +706,14 @@ impl Tracer<'_> {
             self.label.clone_from(&layer.label);
             if chunked_loss_done {
                 // The loss layer ran with the chunked head.
-                scopes
-                    .last_mut()
-                    .expect("scope")
-                    .insert(layer.name.as_str(), prev);
+                self.in_scope(scopes, &layer.name, prev);
                 continue;
             }
             if self.s.loss == Loss::None
                 && matches!(layer.node, Node::Op(Op::CrossEntropy(_) | Op::MseLoss(_)))
             {
                 // `--loss none`: the step ends at the model's output.
-                scopes
-                    .last_mut()
-                    .expect("scope")
-                    .insert(layer.name.as_str(), prev);
+                self.in_scope(scopes, &layer.name, prev);
                 continue;
             }
             let mut inputs: Vec<ValueId> = layer
@@ -860,10 +905,7 @@ impl Tracer<'_> {
                     x
                 }
             };
-            scopes
-                .last_mut()
-                .expect("scope")
-                .insert(layer.name.as_str(), out);
+            self.in_scope(scopes, &layer.name, out);
             prev = out;
         }
         self.layer_params.pop();
@@ -875,6 +917,16 @@ impl Tracer<'_> {
             return Err(self.chunked_loss_blocked(layers));
         }
         Ok(prev)
+    }
+
+    /// Puts the layer `name`'s output `out` in the innermost scope, when a layer's `inputs`
+    /// name it (no other name is ever looked up).
+    fn in_scope<'m>(&self, scopes: &mut [FastMap<&'m str, ValueId>], name: &'m str, out: ValueId) {
+        if self.referenced.contains(name)
+            && let Some(scope) = scopes.last_mut()
+        {
+            scope.insert(name, out);
+        }
     }
 
     /// Why `--loss chunked-ce` found no LM head `linear` directly followed by a `cross_entropy`
