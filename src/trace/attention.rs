@@ -530,6 +530,21 @@ impl Tracer<'_> {
         Ok((rot, pass))
     }
 
+    /// `shape` with its last dimension halved: each half of a rotated head (`rotate_half`'s
+    /// `x1`/`x2`, the interleaved pairs' real and imaginary parts, GPT-OSS's `chunk(x, 2, -1)`),
+    /// `[.., head_dim]` → `[.., head_dim / 2]`.
+    ///
+    /// # Errors
+    /// A rank-0 shape, which has no last dimension to rotate.
+    fn half_width(&self, shape: &Shape) -> Result<Shape, Error> {
+        let mut dims = shape.dims().to_vec();
+        let last = dims
+            .last_mut()
+            .ok_or_else(|| self.err(format!("rotary embedding of a rank-0 tensor {shape}")))?;
+        *last /= 2;
+        Ok(Shape::new(dims))
+    }
+
     /// `(x * cos) + (rotate_half(x) * sin)` ([`Self::rope_pair`]), the result in `x`'s
     /// dimension order (`x * cos` comes first, and a sum's output follows its first operand's
     /// strides); with `wide` (float32 tables: OLMo, OLMo-2) the products and the sum are
@@ -542,13 +557,7 @@ impl Tracer<'_> {
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
         let a = self.rope_mul(x, cos, wide)?;
-        let mut half = xv.shape.dims().to_vec();
-        let last = half
-            .len()
-            .checked_sub(1)
-            .ok_or_else(|| self.err(format!("rotary embedding of a rank-0 tensor {}", xv.shape)))?;
-        half[last] /= 2;
-        let half = Shape::new(half);
+        let half = self.half_width(&xv.shape)?;
         let x1 = self.view_op(x, half.clone(), Layout::Strided, AtenOp::Slice, false);
         let x2 = self.view_op(x, half, Layout::Strided, AtenOp::Slice, false);
         let neg = self.unary(x2, AtenOp::Neg)?;
@@ -574,13 +583,8 @@ impl Tracer<'_> {
         sin: ValueId,
     ) -> Result<ValueId, Error> {
         let xv = self.val(x).clone();
-        let mut dims = xv.shape.dims().to_vec();
-        let last = dims
-            .len()
-            .checked_sub(1)
-            .ok_or_else(|| self.err(format!("rotary embedding of a rank-0 tensor {}", xv.shape)))?;
-        dims[last] /= 2;
-        let half = Shape::new(dims.clone());
+        let half = self.half_width(&xv.shape)?;
+        let mut dims = half.dims().to_vec();
         dims.push(2);
         let pairs = self.view_op(x, Shape::new(dims), xv.layout, AtenOp::View, true);
         let real = self.view_of(pairs, half.clone(), Layout::Strided);
@@ -740,10 +744,7 @@ impl Tracer<'_> {
         sin: StorageId,
     ) -> Result<ValueId, Error> {
         let tv = self.val(t).clone();
-        let mut dims = tv.shape.dims().to_vec();
-        let last = dims.len() - 1;
-        dims[last] /= 2;
-        let half_shape = Shape::new(dims);
+        let half_shape = self.half_width(&tv.shape)?;
         let mut allocs = Vec::new();
         for what in [
             "x1*cos",
