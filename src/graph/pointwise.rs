@@ -273,7 +273,7 @@ impl ParameterCfg {
     #[must_use]
     pub fn grid_side(&self) -> Option<u64> {
         match self.shape.as_slice() {
-            [1, n, _] => square_root(n - 1),
+            [1, n, _] => n.checked_sub(1).and_then(square_root),
             _ => None,
         }
     }
