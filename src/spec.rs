@@ -14,9 +14,10 @@ use crate::vocab::{AttentionImpl, Device, Mode};
 
 mod layer;
 
+pub(crate) use layer::layer_spec;
 pub use layer::{
-    Approximate, CombineKind, FillMode, LayerKind, LayerSpec, Pair, QkNormScope, Router, Sizes,
-    Style,
+    Approximate, CombineKind, FillMode, LayerKeys, LayerKind, LayerSpec, Pair, QkNormScope, Router,
+    Sizes, Style,
 };
 
 /// Which syntax a model description is written in.

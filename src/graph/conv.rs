@@ -148,6 +148,7 @@ impl ConvCfg {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::layer_spec;
     use crate::spec::{LayerSpec, Pair};
 
     fn read(s: &LayerSpec) -> Result<ConvCfg, String> {
@@ -155,8 +156,8 @@ mod tests {
     }
 
     fn spec(kind: LayerKind) -> LayerSpec {
-        LayerSpec {
-            kind,
+        layer_spec! {
+            kind: kind,
             out_channels: Some(6),
             kernel: Some(Pair(3, 3).into()),
             ..LayerSpec::default()
@@ -166,13 +167,13 @@ mod tests {
     #[test]
     fn one_axis_per_spatial_dimension() {
         assert_eq!(read(&spec(LayerKind::Conv1d)).unwrap().axes.len(), 1);
-        let c = read(&LayerSpec {
+        let c = read(&layer_spec! {
             kernel: Some(Pair(3, 5).into()),
             ..spec(LayerKind::Conv2d)
         })
         .unwrap();
         assert_eq!((c.axes[0].kernel, c.axes[1].kernel), (3, 5));
-        let e = read(&LayerSpec {
+        let e = read(&layer_spec! {
             kernel: Some(Pair(3, 5).into()),
             ..spec(LayerKind::Conv1d)
         })
@@ -182,7 +183,7 @@ mod tests {
 
     #[test]
     fn output_padding_is_transposed_only_and_below_the_stride() {
-        let e = read(&LayerSpec {
+        let e = read(&layer_spec! {
             output_padding: Some(Pair(1, 1).into()),
             ..spec(LayerKind::Conv2d)
         })
@@ -191,7 +192,7 @@ mod tests {
             e.starts_with("key `output_padding` does not apply to `conv2d`"),
             "{e}"
         );
-        let ok = LayerSpec {
+        let ok = layer_spec! {
             stride: Some(Pair(2, 2).into()),
             output_padding: Some(Pair(1, 1).into()),
             ..spec(LayerKind::ConvTranspose2d)
@@ -199,7 +200,7 @@ mod tests {
         let c = read(&ok).unwrap();
         assert!(c.transposed);
         assert_eq!(c.axes[0].output_padding, 1);
-        let too_big = LayerSpec {
+        let too_big = layer_spec! {
             output_padding: Some(Pair(2, 2).into()),
             ..ok
         };

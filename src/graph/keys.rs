@@ -252,17 +252,18 @@ impl<'a> KeyReader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::layer_spec;
 
     fn spec(kind: LayerKind) -> LayerSpec {
-        LayerSpec {
-            kind,
+        layer_spec! {
+            kind: kind,
             ..LayerSpec::default()
         }
     }
 
     #[test]
     fn unread_key_is_rejected_with_the_kinds_keys_and_a_suggestion() {
-        let s = LayerSpec {
+        let s = layer_spec! {
             dims: Some(vec![1]),
             ..spec(LayerKind::Softmax)
         };
@@ -272,7 +273,7 @@ mod tests {
             r.finish().unwrap_err(),
             "key `dims` does not apply to `softmax` (did you mean `dim`? its keys: dim)"
         );
-        let s = LayerSpec {
+        let s = layer_spec! {
             out_channels: Some(3),
             ..spec(LayerKind::Linear)
         };
@@ -287,7 +288,7 @@ mod tests {
 
     #[test]
     fn inapplicable_key_comes_before_a_missing_one() {
-        let s = LayerSpec {
+        let s = layer_spec! {
             kernel: Some(Pair(3, 3).into()),
             ..spec(LayerKind::Linear)
         };
@@ -299,7 +300,7 @@ mod tests {
 
     #[test]
     fn first_invalid_value_is_reported() {
-        let s = LayerSpec {
+        let s = layer_spec! {
             groups: Some(0),
             p: Some(1.5),
             ..spec(LayerKind::Conv2d)
@@ -313,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_kind_without_keys_says_none() {
-        let s = LayerSpec {
+        let s = layer_spec! {
             dim: Some(1),
             ..spec(LayerKind::Tanh)
         };

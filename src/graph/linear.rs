@@ -67,11 +67,13 @@ mod tests {
 
     #[test]
     fn quantize_defaults_from_the_name_and_can_be_set() {
-        let spec = |quantize| crate::spec::LayerSpec {
-            kind: crate::spec::LayerKind::Linear,
-            out_features: Some(4),
-            quantize,
-            ..crate::spec::LayerSpec::default()
+        let spec = |quantize| {
+            crate::spec::layer_spec! {
+                kind: crate::spec::LayerKind::Linear,
+                out_features: Some(4),
+                quantize: quantize,
+                ..crate::spec::LayerSpec::default()
+            }
         };
         let read = |s: &crate::spec::LayerSpec, name| {
             LinearCfg::read(&mut KeyReader::new(s, name))

@@ -46,7 +46,7 @@ pub use view::{FlattenCfg, NarrowCfg, PermuteCfg, ReshapeCfg, SelectCfg, Transpo
 
 use crate::dtype::DType;
 use crate::error::{Error, LayerAt, LayerErrorKind};
-use crate::spec::{DefaultsSpec, DimSpec, LayerKind, LayerSpec, ModelSpec};
+use crate::spec::{DefaultsSpec, DimSpec, LayerKind, LayerSpec, ModelSpec, layer_spec};
 use keys::KeyReader;
 
 /// A validated model.
@@ -592,8 +592,8 @@ fn build_op(s: &LayerSpec, name: &str) -> Result<Op, String> {
 /// The keys a kind accepts, in the order its config reads them (the list its errors give).
 #[must_use]
 pub fn kind_keys(kind: LayerKind) -> Vec<&'static str> {
-    let spec = LayerSpec {
-        kind,
+    let spec = layer_spec! {
+        kind: kind,
         ..LayerSpec::default()
     };
     let mut r = KeyReader::new(&spec, "");

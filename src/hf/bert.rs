@@ -10,7 +10,7 @@ use super::layers::{
     module_path, push, push_dropout, repeat,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec};
+use crate::spec::{LayerKind as K, LayerSpec, layer_spec};
 
 /// Builds BERT as transformers' `modeling_bert.py` does; returns the layers and
 /// `max_position_embeddings`.
@@ -80,7 +80,7 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             num_embeddings: Some(types),
             ids_buffer: Some(positions),
             ids_per_batch: roberta.then_some(true),
@@ -92,7 +92,7 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             num_positions: Some(positions),
             ids_buffer: Some(positions),
             ids_per_batch: roberta.then_some(true),
@@ -105,7 +105,7 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
     let mut body = Vec::new();
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
             dropout: (attn_p > 0.0).then_some(attn_p),
             note: Some("query, key, value and attention.output.dense".into()),
@@ -128,7 +128,7 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
     let pooler = |out: &mut Vec<LayerSpec>| {
         push(
             out,
-            LayerSpec {
+            layer_spec! {
                 dim: Some(1),
                 index: Some(0),
                 ..layer(K::Select, &p("pooler.first_token"))
@@ -150,7 +150,7 @@ fn encoder(cfg: &Cfg, head: Resolved, roberta: bool) -> Result<(Vec<LayerSpec>, 
             )?;
             let prev = push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     index: Some(0),
                     ..layer(K::Select, "classifier.first_token")

@@ -16,7 +16,7 @@ use super::layers::{
     activation, add, embedding, layer, layernorm, linear, push, quick_gelu, repeat,
 };
 use crate::error::Error;
-use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes};
+use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes, layer_spec};
 
 /// Which model's towers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,7 +203,7 @@ pub(super) fn build(
             // CLIP's patch convolution has no bias; SigLIP's has one.
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     inputs: within.map(|w| vec![w.input.to_string()]),
                     out_channels: Some(hidden),
                     kernel: Some(Sizes(vec![patch])),
@@ -214,14 +214,14 @@ pub(super) fn build(
             );
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     start_dim: Some(2),
                     ..layer(K::Flatten, &pre("embeddings.flatten"))
                 },
             );
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dims: Some(vec![1, 2]),
                     ..layer(K::Transpose, &pre("embeddings.transpose"))
                 },
@@ -231,7 +231,7 @@ pub(super) fn build(
                 // concatenated in front.
                 push(
                     &mut out,
-                    LayerSpec {
+                    layer_spec! {
                         shape: Some(vec![1, 1, hidden_dim]),
                         combine: Some(CombineKind::Concat),
                         dim: Some(1),
@@ -243,7 +243,7 @@ pub(super) fn build(
             // `[1, positions]` ids, added.
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     num_positions: Some(positions),
                     ids_buffer: Some(positions),
                     ..layer(K::PositionEmbedding, &pre("embeddings.position_embedding"))
@@ -278,7 +278,7 @@ pub(super) fn build(
             );
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     num_positions: Some(positions),
                     ids_buffer: Some(positions),
                     ..layer(K::PositionEmbedding, &pre("embeddings.position_embedding"))
@@ -294,7 +294,7 @@ pub(super) fn build(
     let causal = kind == Kind::Clip && tower == Tower::Text;
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
             causal: causal.then_some(true),
             kv_cache: causal.then_some(false),
@@ -376,7 +376,7 @@ pub(super) fn build(
             // returned `last_hidden_state`.
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     index: Some(0),
                     ..layer(K::Select, &pre("pooled.first_token"))
@@ -401,7 +401,7 @@ pub(super) fn build(
             // one; SigLIP projects it with `head`.
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     index: Some(-1),
                     ..layer(K::Select, &pre("pooled.token"))
@@ -429,7 +429,7 @@ pub(super) fn build(
     };
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             inputs: Some(vec![last]),
             shape: Some(dims),
             ..layer(K::Reshape, &pre("last_hidden_state"))

@@ -9,7 +9,7 @@ use super::layers::{
     module_path, push, push_dropout, repeat, with_inputs,
 };
 use crate::error::Error;
-use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes};
+use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Sizes, layer_spec};
 
 /// Builds DeBERTa-v2 as `modeling_deberta_v2.py` does, with `DebertaV2Config`'s defaults for
 /// the keys a config leaves out; returns the layers and `max_position_embeddings`.
@@ -115,7 +115,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     if position_biased {
         push(
             &mut out,
-            LayerSpec {
+            layer_spec! {
                 num_positions: Some(positions),
                 ids_buffer: Some(positions),
                 ..layer(K::PositionEmbedding, &p("embeddings.position_embeddings"))
@@ -126,7 +126,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
         // DebertaV2Model.forward makes all-zero `token_type_ids` `[B, S]`.
         push(
             &mut out,
-            LayerSpec {
+            layer_spec! {
                 num_embeddings: Some(types),
                 ..layer(
                     K::TokenTypeEmbedding,
@@ -141,7 +141,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     push(&mut out, layernorm(&p("embeddings.LayerNorm")));
     let prev = push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             ids_buffer: (!position_biased).then_some(positions),
             note: Some("embeddings * the all-ones attention_mask".into()),
             ..layer(K::PaddingMask, &p("embeddings.mask"))
@@ -150,7 +150,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     let embedded = push_dropout(&mut out, &p("embeddings.dropout"), hidden_p, prev);
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             num_positions: Some(span),
             num_buckets: buckets,
             norm: norm_rel.then_some(true),
@@ -162,9 +162,9 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     let mut body = Vec::new();
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
-            head_dim,
+            head_dim: head_dim,
             c2p: Some(c2p),
             p2c: Some(p2c),
             share_att_key: c.share_att_key.filter(|&s| s),
@@ -243,7 +243,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
             let cls_p = cfg.prob("cls_dropout", c.cls_dropout.or(c.hidden_dropout_prob), 0.1)?;
             let prev = push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     index: Some(0),
                     ..layer(K::Select, "pooler.first_token")
@@ -293,7 +293,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
                 // reads.
                 push(
                     &mut out,
-                    LayerSpec {
+                    layer_spec! {
                         shape: Some(vec![i64::try_from(vocab).unwrap_or(i64::MAX)]),
                         combine: Some(CombineKind::Unused),
                         ..layer(K::Parameter, "cls.predictions.bias")
@@ -332,7 +332,7 @@ pub(super) fn deberta_v2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
             push(&mut out, logits);
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     shape: Some(vec![i64::try_from(vocab).unwrap_or(i64::MAX)]),
                     combine: Some(CombineKind::Add),
                     ..layer(K::Parameter, "lm_predictions.lm_head.bias")
@@ -369,7 +369,7 @@ fn conv_layer(
     push(
         out,
         with_inputs(
-            LayerSpec {
+            layer_spec! {
                 dims: Some(vec![0, 2, 1]),
                 ..layer(K::Permute, &p("encoder.conv.permute"))
             },
@@ -378,7 +378,7 @@ fn conv_layer(
     );
     push(
         out,
-        LayerSpec {
+        layer_spec! {
             shape: Some(vec![hidden, -1]),
             note: Some(".contiguous()".into()),
             ..layer(K::Reshape, &p("encoder.conv.contiguous"))
@@ -386,7 +386,7 @@ fn conv_layer(
     );
     push(
         out,
-        LayerSpec {
+        layer_spec! {
             out_channels: Some(c.hidden),
             kernel: Some(Sizes(vec![c.kernel])),
             padding: Some(Sizes(vec![(c.kernel - 1) / 2])),
@@ -396,14 +396,14 @@ fn conv_layer(
     );
     push(
         out,
-        LayerSpec {
+        layer_spec! {
             dims: Some(vec![0, 2, 1]),
             ..layer(K::Permute, &p("encoder.conv.permute_back"))
         },
     );
     push(
         out,
-        LayerSpec {
+        layer_spec! {
             shape: Some(vec![-1, hidden]),
             note: Some(".contiguous()".into()),
             ..layer(K::Reshape, &p("encoder.conv.contiguous_back"))
@@ -411,7 +411,7 @@ fn conv_layer(
     );
     let prev = push(
         out,
-        LayerSpec {
+        layer_spec! {
             fill: Some(true),
             note: Some("out.masked_fill_((1 - input_mask).bool(), 0)".into()),
             ..layer(K::PaddingMask, &p("encoder.conv.mask"))
@@ -426,7 +426,7 @@ fn conv_layer(
     push(out, layernorm(&p("encoder.conv.LayerNorm")));
     push(
         out,
-        LayerSpec {
+        layer_spec! {
             note: Some("output * input_mask".into()),
             ..layer(K::PaddingMask, &p("encoder.conv.output_mask"))
         },

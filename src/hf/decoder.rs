@@ -13,7 +13,7 @@ use super::layers::{
     run_name, runs, with_inputs, with_note,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec, QkNormScope, Router, Style};
+use crate::spec::{LayerKind as K, LayerSpec, QkNormScope, Router, Style, layer_spec};
 
 /// One Llama-style decoder family: the defaults of its transformers config class
 /// (`configuration_<family>.py`) and how its modeling file (`modeling_<family>.py`) differs from
@@ -611,7 +611,7 @@ pub(super) fn decoder_at(
         push(
             &mut out,
             with_note(
-                LayerSpec {
+                layer_spec! {
                     factor: Some(c.embedding_multiplier.unwrap_or(1.0)),
                     ..layer(K::Scale, &p("embedding_multiplier"))
                 },
@@ -625,7 +625,7 @@ pub(super) fn decoder_at(
         push(
             &mut out,
             with_note(
-                LayerSpec {
+                layer_spec! {
                     factor: Some(factor),
                     ..layer(K::Scale, &p("embed_tokens.embed_scale"))
                 },
@@ -633,7 +633,7 @@ pub(super) fn decoder_at(
             ),
         );
     }
-    let rotary = LayerSpec {
+    let rotary = layer_spec! {
         head_dim: Some(rotary_dim),
         concat: row.rotary_halves.then_some(true),
         concat_each: row.rotary_concat.then_some(true),
@@ -652,7 +652,7 @@ pub(super) fn decoder_at(
         if sliding < variants.len() {
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     name: Some(p("rotary_emb.full_attention")),
                     ..rotary.clone()
                 },
@@ -661,7 +661,7 @@ pub(super) fn decoder_at(
         if sliding > 0 {
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     name: Some(p("rotary_emb.sliding_attention")),
                     local: Some(true),
                     ..rotary
@@ -713,7 +713,7 @@ pub(super) fn decoder_at(
         let loss = out.pop().expect("the causal head ends in its loss");
         push(
             &mut out,
-            LayerSpec {
+            layer_spec! {
                 factor: Some(1.0 / cap),
                 ..layer(K::Scale, "final_logit_softcapping.div")
             },
@@ -721,7 +721,7 @@ pub(super) fn decoder_at(
         push(&mut out, layer(K::Tanh, "final_logit_softcapping.tanh"));
         push(
             &mut out,
-            LayerSpec {
+            layer_spec! {
                 factor: Some(cap),
                 ..layer(K::Scale, "final_logit_softcapping.mul")
             },
@@ -734,7 +734,7 @@ pub(super) fn decoder_at(
         push(
             &mut out,
             with_note(
-                LayerSpec {
+                layer_spec! {
                     factor: Some(1.0 / c.logits_scaling.unwrap_or(1.0)),
                     ..layer(K::Scale, "logits_scaling")
                 },
@@ -750,7 +750,7 @@ pub(super) fn decoder_at(
             push(
                 &mut out,
                 with_note(
-                    LayerSpec {
+                    layer_spec! {
                         factor: Some(scale),
                         ..layer(K::Scale, "logit_scale")
                     },
@@ -770,21 +770,21 @@ fn family_norm(row: &DecoderFamily, name: &str) -> LayerSpec {
         Norm::Gemma => Some(Style::Gemma),
         Norm::Olmo2 => Some(Style::Olmo2),
         Norm::OlmoLayer => {
-            return LayerSpec {
+            return layer_spec! {
                 affine: Some(false),
                 upcast: Some(true),
                 ..layer(K::LayerNorm, name)
             };
         }
         Norm::Cohere => {
-            return LayerSpec {
+            return layer_spec! {
                 style: Some(Style::Cohere),
                 ..layer(K::LayerNorm, name)
             };
         }
     };
-    LayerSpec {
-        style,
+    layer_spec! {
+        style: style,
         ..rmsnorm(name)
     }
 }
@@ -830,9 +830,9 @@ fn decoder_layer(
         // DeepseekV3Attention (modeling_deepseek_v3.py): multi-head latent attention.
         let prev = push(
             &mut body,
-            LayerSpec {
+            layer_spec! {
                 heads: Some(a.heads),
-                q_lora_rank,
+                q_lora_rank: q_lora_rank,
                 kv_lora_rank: Some(kv_lora_rank),
                 qk_nope_head_dim: Some(nope),
                 qk_rope_head_dim: Some(rope),
@@ -854,7 +854,7 @@ fn decoder_layer(
             prev,
         );
     }
-    let mut attn = LayerSpec {
+    let mut attn = layer_spec! {
         heads: Some(a.heads),
         kv_heads: (a.kv_heads != a.heads).then_some(a.kv_heads),
         head_dim: (a.heads.checked_mul(a.head_dim) != Some(a.hidden)).then_some(a.head_dim),
@@ -961,7 +961,7 @@ fn finish_layer(
             let chunks = push(
                 &mut body,
                 with_note(
-                    LayerSpec {
+                    layer_spec! {
                         shape: Some(vec![
                             -1,
                             2,
@@ -976,7 +976,7 @@ fn finish_layer(
             );
             push(
                 &mut body,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(2),
                     index: Some(0),
                     ..layer(K::Select, "mlp.gate")
@@ -989,7 +989,7 @@ fn finish_layer(
             let up = push(
                 &mut body,
                 with_inputs(
-                    LayerSpec {
+                    layer_spec! {
                         dim: Some(2),
                         index: Some(1),
                         ..layer(K::Select, "mlp.up")
@@ -1047,7 +1047,7 @@ fn finish_layer(
             }
             push(
                 &mut body,
-                LayerSpec {
+                layer_spec! {
                     experts: Some(*experts),
                     top_k: Some(*top_k),
                     intermediate_size: Some(*intermediate),
@@ -1113,7 +1113,7 @@ fn residual_scale(
     match multiplier {
         Some(m) => push(
             body,
-            LayerSpec {
+            layer_spec! {
                 factor: Some(m),
                 ..layer(K::Scale, name)
             },

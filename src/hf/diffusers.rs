@@ -23,6 +23,7 @@ use super::layers::{activation, add, layer, linear, push, push_dropout, with_inp
 use crate::error::Error;
 use crate::spec::{
     DefaultsSpec, DimSpec, FillMode, InputSpec, LayerKind as K, LayerSpec, ModelSpec, Pair, Sizes,
+    layer_spec,
 };
 use crate::vocab::AttentionImpl;
 
@@ -176,7 +177,7 @@ fn per_block_json(
 }
 
 fn conv(name: &str, out: u64, kernel: u64, stride: u64, padding: u64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         out_channels: Some(out),
         kernel: Some(Sizes(vec![kernel])),
         stride: (stride != 1).then(|| Sizes(vec![stride])),
@@ -186,28 +187,28 @@ fn conv(name: &str, out: u64, kernel: u64, stride: u64, padding: u64) -> LayerSp
 }
 
 fn group_norm(name: &str, groups: u64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         num_groups: Some(groups),
         ..layer(K::GroupNorm, name)
     }
 }
 
 fn reshape(name: &str, shape: &[i64]) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         shape: Some(shape.to_vec()),
         ..layer(K::Reshape, name)
     }
 }
 
 fn permute(name: &str, dims: &[i64]) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         dims: Some(dims.to_vec()),
         ..layer(K::Permute, name)
     }
 }
 
 fn scale(name: &str, factor: f64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         factor: Some(factor),
         ..layer(K::Scale, name)
     }
@@ -215,7 +216,7 @@ fn scale(name: &str, factor: f64) -> LayerSpec {
 
 fn narrow(name: &str, input: &str, start: i64, length: u64) -> LayerSpec {
     with_inputs(
-        LayerSpec {
+        layer_spec! {
             dim: Some(-1),
             start: Some(start),
             length: Some(length),
@@ -411,13 +412,15 @@ impl Builder<'_> {
     /// width, `chunk(2)`, `hidden * gelu(gate)`, then `net.2`.
     fn basic_block(&self, heads: u64, head_dim: u64, inner: u64) -> Result<Vec<LayerSpec>, Error> {
         let mut b = Vec::new();
-        let attn = |name: &str, kind: K| LayerSpec {
-            heads: Some(heads),
-            head_dim: Some(head_dim),
-            bias: Some(false),
-            out_bias: Some(true),
-            kv_cache: (kind == K::CrossAttention).then_some(false),
-            ..layer(kind, name)
+        let attn = |name: &str, kind: K| {
+            layer_spec! {
+                heads: Some(heads),
+                head_dim: Some(head_dim),
+                bias: Some(false),
+                out_bias: Some(true),
+                kv_cache: (kind == K::CrossAttention).then_some(false),
+                ..layer(kind, name)
+            }
         };
         push(&mut b, layer(K::LayerNorm, "norm1"));
         push(&mut b, attn("attn1", K::Attention));
@@ -788,7 +791,7 @@ pub(super) fn unet(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Unet, Error>
             if pad_down == 0 {
                 push(
                     &mut b.out,
-                    LayerSpec {
+                    layer_spec! {
                         pad: Some(vec![0, 1, 0, 1]),
                         mode: Some(FillMode::Constant),
                         ..with_inputs(layer(K::Pad, &format!("{d}.pad")), &[&x])
@@ -863,7 +866,7 @@ pub(super) fn unet(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Unet, Error>
             }
             let cat = push(
                 &mut b.out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     ..with_inputs(layer(K::Concat, &format!("{p}.cat.{j}")), &[&x, &skip.name])
                 },
@@ -888,12 +891,12 @@ pub(super) fn unet(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Unet, Error>
             // connection's size when the latent is not divisible by 2^upsamplers.
             let next = skips.last().map_or(hw, |s| s.hw);
             let up = if next == (hw.0.saturating_mul(2), hw.1.saturating_mul(2)) {
-                LayerSpec {
+                layer_spec! {
                     scale_factor: Some(2.0),
                     ..layer(K::Upsample, &format!("{p}.upsamplers.0.interpolate"))
                 }
             } else {
-                LayerSpec {
+                layer_spec! {
                     size: Some(Pair(next.0, next.1)),
                     ..layer(K::Upsample, &format!("{p}.upsamplers.0.interpolate"))
                 }
@@ -1006,7 +1009,7 @@ pub(super) fn to_spec(
 
 /// `F.mse_loss(model_pred.float(), target.float())`.
 fn mse_loss() -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         upcast: Some(true),
         ..layer(K::MseLoss, "loss")
     }

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use super::config::Cfg;
 use super::layers::{add, layer, linear, push, with_inputs};
 use crate::error::Error;
-use crate::spec::{Approximate, DimSpec, InputSpec, LayerKind as K, LayerSpec, Sizes};
+use crate::spec::{Approximate, DimSpec, InputSpec, LayerKind as K, LayerSpec, Sizes, layer_spec};
 
 /// `encoder_hidden_states`: the text encoders' states, `[seq, joint_attention_dim]`.
 pub(super) const ENCODER_STATES: &str = "encoder_hidden_states";
@@ -100,14 +100,14 @@ fn mul(cfg: &Cfg, what: &str, a: u64, b: u64) -> Result<u64, Error> {
 }
 
 fn reshape(name: &str, input: &str, shape: &[i64]) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         shape: Some(shape.to_vec()),
         ..with_inputs(layer(K::Reshape, name), &[input])
     }
 }
 
 fn narrow(name: &str, input: &str, dim: i64, start: i64, length: u64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         dim: Some(dim),
         start: Some(start),
         length: Some(length),
@@ -116,7 +116,7 @@ fn narrow(name: &str, input: &str, dim: i64, start: i64, length: u64) -> LayerSp
 }
 
 fn transpose(name: &str, input: &str) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         dims: Some(vec![1, 2]),
         ..with_inputs(layer(K::Transpose, name), &[input])
     }
@@ -124,7 +124,7 @@ fn transpose(name: &str, input: &str) -> LayerSpec {
 
 /// `nn.LayerNorm(dim, elementwise_affine=False)`.
 fn plain_norm(name: &str, input: &str) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         affine: Some(false),
         ..with_inputs(layer(K::LayerNorm, name), &[input])
     }
@@ -173,7 +173,7 @@ impl Builder<'_> {
 
     /// `x * (1 + scale) + shift` of a normalized `x`.
     fn modulate(&mut self, p: &str, x: &str, scale: &str, shift: &str) -> String {
-        let one = self.push(LayerSpec {
+        let one = self.push(layer_spec! {
             offset: Some(1.0),
             ..with_inputs(layer(K::Scale, &format!("{p}.one_plus_scale")), &[scale])
         });
@@ -219,7 +219,7 @@ impl Builder<'_> {
             linear(&format!("{p}.net.0.proj"), inner, true),
             &[x],
         ));
-        let g = self.push(LayerSpec {
+        let g = self.push(layer_spec! {
             approximate: Some(Approximate::Tanh),
             ..with_inputs(layer(K::Gelu, &format!("{p}.net.0.gelu")), &[&h])
         });
@@ -250,7 +250,7 @@ impl Builder<'_> {
             return;
         }
         for (t, name) in qkv.iter_mut().zip(names) {
-            *t = self.push(LayerSpec {
+            *t = self.push(layer_spec! {
                 style: Some(crate::spec::Style::T5),
                 ..with_inputs(layer(K::RmsNorm, &format!("{p}.{name}")), &[t.as_str()])
             });
@@ -276,7 +276,7 @@ impl Builder<'_> {
             qkv.push(self.push(reshape(&format!("{p}.{proj}.view"), &l, &[-1, h, d])));
         }
         self.qk_norms(p, &mut qkv, ["norm_q", "norm_k"]);
-        let o = self.push(LayerSpec {
+        let o = self.push(layer_spec! {
             dim: Some(2),
             ..with_inputs(
                 layer(K::Sdpa, &format!("{p}.sdpa")),
@@ -316,7 +316,7 @@ impl Builder<'_> {
         self.qk_norms(p, &mut txt, ["norm_added_q", "norm_added_k"]);
         let mut qkv = Vec::new();
         for (i, what) in ["query", "key", "value"].iter().enumerate() {
-            qkv.push(self.push(LayerSpec {
+            qkv.push(self.push(layer_spec! {
                 dim: Some(2),
                 ..with_inputs(
                     layer(K::Concat, &format!("{p}.cat_{what}")),
@@ -332,7 +332,7 @@ impl Builder<'_> {
         let inner = mul(self.cfg, "the attention width", self.heads, self.head_dim)?;
         let inner_d = dim(self.cfg, "num_attention_heads", inner)?;
         let merged = self.push(reshape(&format!("{p}.merged"), &t, &[-1, inner_d]));
-        let seq = self.push(LayerSpec {
+        let seq = self.push(layer_spec! {
             dim: Some(1),
             start: Some(dim(self.cfg, "sample_size", n)?),
             ..with_inputs(layer(K::Narrow, &format!("{p}.context_part")), &[&merged])
@@ -582,18 +582,18 @@ pub(super) fn sd3(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> {
     let d = dim(cfg, "num_attention_heads", inner)?;
     // pos_embed: `proj` (a patch×patch conv), `flatten(2).transpose(1, 2)`, plus the cropped
     // position table (`(latent + pos_embed).to(latent.dtype)`).
-    b.push(LayerSpec {
+    b.push(layer_spec! {
         out_channels: Some(inner),
         kernel: Some(Sizes(vec![patch])),
         stride: Some(Sizes(vec![patch])),
         ..with_inputs(layer(K::Conv2d, "pos_embed.proj"), &["input"])
     });
-    b.push(LayerSpec {
+    b.push(layer_spec! {
         start_dim: Some(2),
         ..layer(K::Flatten, "pos_embed.flatten")
     });
     b.push(transpose("pos_embed.transpose", "pos_embed.flatten"));
-    let x = b.push(LayerSpec {
+    let x = b.push(layer_spec! {
         shape: Some(vec![dim(cfg, "sample_size", n)?, d]),
         buffer: Some(vec![1, dim(cfg, "pos_embed_max_size", table_rows)?, d]),
         ..layer(K::Parameter, "pos_embed.pos_embed")
@@ -634,12 +634,12 @@ pub(super) fn sd3(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> {
         dim(cfg, "out_channels", out_ch)?,
     );
     b.push(reshape("unpatchify", &proj, &[hp_d, wp_d, p_d, p_d, c_d]));
-    b.push(LayerSpec {
+    b.push(layer_spec! {
         dims: Some(vec![0, 5, 1, 3, 2, 4]),
         ..layer(K::Permute, "unpatchify.einsum")
     });
     let (h_d, w_d) = (dim(cfg, "sample_size", h)?, dim(cfg, "sample_size", w)?);
-    b.push(LayerSpec {
+    b.push(layer_spec! {
         shape: Some(vec![c_d, h_d, w_d]),
         ..layer(K::Reshape, "unpatchify.output")
     });
@@ -692,7 +692,7 @@ impl Builder<'_> {
 
     /// `torch.nn.RMSNorm(head_dim)` on `[B, S, heads, head_dim]`.
     fn flux_norm(&mut self, name: &str, x: &str) -> String {
-        self.push(LayerSpec {
+        self.push(layer_spec! {
             style: Some(crate::spec::Style::Torch),
             ..with_inputs(layer(K::RmsNorm, name), &[x])
         })
@@ -729,7 +729,7 @@ impl Builder<'_> {
             }
             joined
         };
-        let o = self.push(LayerSpec {
+        let o = self.push(layer_spec! {
             dim: Some(2),
             rotary: Some(true),
             ..with_inputs(
@@ -744,12 +744,12 @@ impl Builder<'_> {
 
     /// The text part `[:, :-n]` and the image part `[:, -n:]` of a joined sequence (views).
     fn split(&mut self, p: &str, x: &str, n: i64) -> (String, String) {
-        let txt = self.push(LayerSpec {
+        let txt = self.push(layer_spec! {
             dim: Some(1),
             end: Some(-n),
             ..with_inputs(layer(K::Narrow, &format!("{p}.text_part")), &[x])
         });
-        let img = self.push(LayerSpec {
+        let img = self.push(layer_spec! {
             dim: Some(1),
             start: Some(-n),
             ..with_inputs(layer(K::Narrow, &format!("{p}.image_part")), &[x])
@@ -801,7 +801,7 @@ impl Builder<'_> {
         c: &str,
         n: i64,
     ) -> Result<(String, String), Error> {
-        let hs = self.push(LayerSpec {
+        let hs = self.push(layer_spec! {
             dim: Some(1),
             ..with_inputs(layer(K::Concat, &format!("{p}.cat")), &[c, x])
         });
@@ -816,12 +816,12 @@ impl Builder<'_> {
             linear(&format!("{p}.proj_mlp"), mlp_w, true),
             &[&m],
         ));
-        let act = self.push(LayerSpec {
+        let act = self.push(layer_spec! {
             approximate: Some(Approximate::Tanh),
             ..with_inputs(layer(K::Gelu, &format!("{p}.act_mlp")), &[&mlp])
         });
         let a = self.flux_attention(&format!("{p}.attn"), &m, None)?;
-        let joined = self.push(LayerSpec {
+        let joined = self.push(layer_spec! {
             dim: Some(2),
             ..with_inputs(layer(K::Concat, &format!("{p}.cat_mlp")), &[&a, &act])
         });
@@ -910,7 +910,7 @@ pub(super) fn flux(cfg: &Cfg, latent: Option<(u64, u64)>) -> Result<Dit, Error> 
     ));
     // pos_embed: float32 cos/sin tables `[text + image tokens, head_dim]`, computed from the
     // ids without gradient and kept by every rotation.
-    b.push(LayerSpec {
+    b.push(layer_spec! {
         head_dim: Some(head_dim),
         tables_f32: Some(true),
         inv_freq: Some(false),

@@ -10,7 +10,7 @@ use super::layers::{
     push_dropout, repeat,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec};
+use crate::spec::{LayerKind as K, LayerSpec, layer_spec};
 
 /// Builds GPT-2 as transformers' `modeling_gpt2.py` does; returns the layers and `n_positions`.
 pub(super) fn gpt2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Error> {
@@ -56,7 +56,7 @@ fn build(cfg: &Cfg, head: Resolved, bigcode: bool) -> Result<(Vec<LayerSpec>, u6
     let wte = push(&mut out, embedding(&p("wte"), vocab, hidden));
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             num_positions: Some(positions),
             // GPTBigCodeModel registers `bias`, a [n_positions, n_positions] bool tril buffer.
             mask_buffer: bigcode.then_some(positions),
@@ -73,9 +73,9 @@ fn build(cfg: &Cfg, head: Resolved, bigcode: bool) -> Result<(Vec<LayerSpec>, u6
     push(&mut body, layernorm("ln_1"));
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
-            kv_heads,
+            kv_heads: kv_heads,
             fused_qkv: Some(true),
             causal: Some(true),
             dropout: (attn_p > 0.0).then_some(attn_p),
@@ -93,7 +93,7 @@ fn build(cfg: &Cfg, head: Resolved, bigcode: bool) -> Result<(Vec<LayerSpec>, u6
     // `attn_output` lives until the block returns, through the MLP.
     let residual1 = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             keep_inputs: Some(true),
             ..add("residual1", "input", &prev)
         },

@@ -3,11 +3,11 @@
 use super::Resolved;
 use super::config::Cfg;
 use crate::error::Error;
-use crate::spec::{Approximate, LayerKind as K, LayerSpec, Style};
+use crate::spec::{Approximate, LayerKind as K, LayerSpec, Style, layer_spec};
 
 pub(super) fn layer(kind: K, name: &str) -> LayerSpec {
-    LayerSpec {
-        kind,
+    layer_spec! {
+        kind: kind,
         name: Some(name.to_string()),
         ..Default::default()
     }
@@ -24,7 +24,7 @@ pub(super) fn with_note(mut l: LayerSpec, note: &str) -> LayerSpec {
 }
 
 pub(super) fn linear(name: &str, out: u64, bias: bool) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         out_features: Some(out),
         bias: (!bias).then_some(false),
         ..layer(K::Linear, name)
@@ -32,7 +32,7 @@ pub(super) fn linear(name: &str, out: u64, bias: bool) -> LayerSpec {
 }
 
 pub(super) fn embedding(name: &str, num: u64, dim: u64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         num_embeddings: Some(num),
         embedding_dim: Some(dim),
         ..layer(K::Embedding, name)
@@ -40,7 +40,7 @@ pub(super) fn embedding(name: &str, num: u64, dim: u64) -> LayerSpec {
 }
 
 pub(super) fn dropout(name: &str, p: f64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         p: Some(p),
         ..layer(K::Dropout, name)
     }
@@ -56,7 +56,7 @@ pub(super) fn layernorm(name: &str) -> LayerSpec {
 
 /// T5's `T5LayerNorm` (see `graph::Op::RmsNorm`).
 pub(super) fn t5_norm(name: &str) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         style: Some(Style::T5),
         ..rmsnorm(name)
     }
@@ -67,7 +67,7 @@ pub(super) fn rmsnorm(name: &str) -> LayerSpec {
 }
 
 pub(super) fn cross_entropy(shift: bool, upcast: bool) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         shift: shift.then_some(true),
         upcast: upcast.then_some(true),
         ..layer(K::CrossEntropy, "loss")
@@ -77,7 +77,7 @@ pub(super) fn cross_entropy(shift: bool, upcast: bool) -> LayerSpec {
 /// A `repeat` of `count` copies of `body`; `key` is the config field the count comes from
 /// (errors name it).
 pub(super) fn repeat(name: &str, key: &'static str, count: u64, body: Vec<LayerSpec>) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         count: Some(count),
         count_key: Some(key),
         layers: Some(body),
@@ -155,7 +155,7 @@ pub(super) fn encoder_layer_tail(
 pub(super) fn quick_gelu(out: &mut Vec<LayerSpec>, name: &str, x: &str) -> String {
     push(
         out,
-        LayerSpec {
+        layer_spec! {
             factor: Some(1.702),
             ..layer(K::Scale, &format!("{name}.scale"))
         },
@@ -169,7 +169,7 @@ pub(super) fn activation(cfg: &Cfg, key: &str, act: &str, name: &str) -> Result<
     Ok(match act {
         "silu" | "swish" => layer(K::Silu, name),
         "gelu" => layer(K::Gelu, name),
-        "gelu_pytorch_tanh" => LayerSpec {
+        "gelu_pytorch_tanh" => layer_spec! {
             approximate: Some(Approximate::Tanh),
             ..layer(K::Gelu, name)
         },
@@ -206,7 +206,7 @@ pub(super) fn causal_head(
             // transformers' GenericForSequenceClassification: `score` on every position, then
             // the logits of the last token.
             out.push(linear("score", cfg.num_labels()?, false));
-            out.push(LayerSpec {
+            out.push(layer_spec! {
                 dim: Some(1),
                 index: Some(-1),
                 ..layer(K::Select, "pooled_logits")

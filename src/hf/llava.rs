@@ -23,7 +23,7 @@ use super::config::{Cfg, Header};
 use super::layers::{activation, layer, linear, push, with_inputs};
 use super::{ImageSize, Resolved};
 use crate::error::Error;
-use crate::spec::{DimSpec, InputSpec, LayerKind as K, LayerSpec};
+use crate::spec::{DimSpec, InputSpec, LayerKind as K, LayerSpec, layer_spec};
 
 /// The keys of `LlavaConfig` this builder reads.
 #[derive(Debug, Default, Deserialize)]
@@ -224,7 +224,7 @@ pub(super) fn llava(
         push(
             &mut vision_layers,
             with_inputs(
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     start: Some(1),
                     length: Some(patches),

@@ -30,7 +30,7 @@ use super::layers::{
     push_dropout, repeat, with_inputs, with_note,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec};
+use crate::spec::{LayerKind as K, LayerSpec, layer_spec};
 
 /// The rotated width of a head: `int(head_dim · factor)` as transformers computes it
 /// (`rotary_ndims`).
@@ -46,7 +46,7 @@ fn rotary_dims(head_dim: u64, factor: f64) -> u64 {
 
 /// The rotary layer of a decoder whose heads rotate `dims` of their width.
 fn rotary(name: &str, dims: u64, concat: bool) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         head_dim: Some(dims),
         concat: concat.then_some(true),
         ..layer(K::Rotary, name)
@@ -127,7 +127,7 @@ pub(super) fn gpt_neox(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64
     let attn = push(
         &mut body,
         with_note(
-            LayerSpec {
+            layer_spec! {
                 heads: Some(heads),
                 fused_qkv: Some(true),
                 causal: Some(true),
@@ -225,7 +225,7 @@ pub(super) fn phi(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Er
     let attn = push(
         &mut body,
         with_note(
-            LayerSpec {
+            layer_spec! {
                 heads: Some(heads),
                 kv_heads: (kv_heads != heads).then_some(kv_heads),
                 causal: Some(true),
@@ -342,7 +342,7 @@ pub(super) fn falcon(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64),
     let attn = push(
         &mut body,
         with_note(
-            LayerSpec {
+            layer_spec! {
                 heads: Some(heads),
                 kv_heads: (kv_heads != heads).then_some(kv_heads),
                 fused_qkv: Some(true),
@@ -377,7 +377,7 @@ pub(super) fn falcon(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64),
         // `mlp_output += attention_output`, in place.
         let sum = push(
             &mut body,
-            LayerSpec {
+            layer_spec! {
                 inplace: Some(true),
                 ..add("mlp_plus_attn", &m, &attn)
             },
@@ -443,7 +443,7 @@ pub(super) fn bloom(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), 
     let attn = push(
         &mut body,
         with_note(
-            LayerSpec {
+            layer_spec! {
                 heads: Some(heads),
                 fused_qkv: Some(true),
                 causal: Some(true),
@@ -462,7 +462,7 @@ pub(super) fn bloom(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), 
     };
     let residual = push(&mut body, add("residual1", &attn, r1));
     let ln2 = push(&mut body, layernorm("post_attention_layernorm"));
-    let act = LayerSpec {
+    let act = layer_spec! {
         note: Some(
             "BloomGelu (GeLUFunction): tanh-approximated GELU written out in Python, keeps its input"
                 .into(),
@@ -543,7 +543,7 @@ pub(super) fn stablelm(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64
     let ln = push(&mut body, layernorm("input_layernorm"));
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
             kv_heads: (kv_heads != heads).then_some(kv_heads),
             causal: Some(true),
@@ -637,7 +637,7 @@ pub(super) fn starcoder2(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u
     push(&mut body, layernorm("input_layernorm"));
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
             kv_heads: (kv_heads != heads).then_some(kv_heads),
             causal: Some(true),

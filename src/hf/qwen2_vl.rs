@@ -30,7 +30,7 @@ use super::layers::{
 use super::llava::{Multimodal, nested, splice};
 use super::{ImageSize, Resolved};
 use crate::error::Error;
-use crate::spec::{DimSpec, InputSpec, LayerKind as K, LayerSpec};
+use crate::spec::{DimSpec, InputSpec, LayerKind as K, layer_spec};
 
 /// `--image` when none is given: 448 × 448 pixels (1024 patches of 14, 256 image tokens).
 pub(super) const DEFAULT_IMAGE: u64 = 448;
@@ -213,7 +213,7 @@ pub(super) fn qwen2_vl(
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             head_dim: Some(embed / heads),
             // `apply_rotary_pos_emb_vision`: Q and K to float32, float32 tables, cast back.
             tables_f32: Some(true),
@@ -229,7 +229,7 @@ pub(super) fn qwen2_vl(
     push(&mut body, norm("norm1"));
     let attn = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
             fused_qkv: Some(true),
             rotary: Some(true),
@@ -273,7 +273,7 @@ pub(super) fn qwen2_vl(
     push(&mut out, norm(&p("merger.ln_q")));
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             shape: Some(vec![dim(tokens)?, dim(merged)?]),
             ..layer(K::Reshape, &p("merger.view"))
         },

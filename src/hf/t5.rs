@@ -7,7 +7,7 @@ use super::layers::{
     with_inputs, with_note,
 };
 use crate::error::Error;
-use crate::spec::{LayerKind as K, LayerSpec};
+use crate::spec::{LayerKind as K, LayerSpec, layer_spec};
 
 #[allow(clippy::too_many_lines)] // encoder, decoder and heads, in forward order
 /// Builds T5 as transformers' `modeling_t5.py` does; returns the layers and `n_positions`.
@@ -87,9 +87,9 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
         push(body, t5_norm("layer.0.layer_norm"));
         let prev = push(
             body,
-            LayerSpec {
+            layer_spec! {
                 heads: Some(heads),
-                head_dim,
+                head_dim: head_dim,
                 causal: causal.then_some(true),
                 bias: Some(false),
                 position_bias: Some(true),
@@ -100,11 +100,13 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
         let prev = push_dropout(body, "layer.0.dropout", p_drop, prev);
         push(body, add("layer.0.residual", "input", &prev))
     };
-    let rpb = |name: &str| LayerSpec {
-        num_buckets: Some(buckets),
-        heads: Some(heads),
-        note: Some("block 0's relative_attention_bias, shared by every block".into()),
-        ..layer(K::RelativePositionBias, name)
+    let rpb = |name: &str| {
+        layer_spec! {
+            num_buckets: Some(buckets),
+            heads: Some(heads),
+            note: Some("block 0's relative_attention_bias, shared by every block".into()),
+            ..layer(K::RelativePositionBias, name)
+        }
     };
 
     let mut out = Vec::new();
@@ -132,7 +134,7 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             tie: Some(shared.clone()),
             ..embedding("decoder.embed_tokens", vocab, d_model)
         },
@@ -149,9 +151,9 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
     let prev = push(
         &mut body,
         with_inputs(
-            LayerSpec {
+            layer_spec! {
                 heads: Some(heads),
-                head_dim,
+                head_dim: head_dim,
                 bias: Some(false),
                 dropout: (p_drop > 0.0).then_some(p_drop),
                 ..layer(K::CrossAttention, "layer.1.EncDecAttention")
@@ -186,7 +188,7 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
                 push(
                     &mut out,
                     with_note(
-                        LayerSpec {
+                        layer_spec! {
                             factor: Some(factor),
                             ..layer(K::Scale, "decoder_output_scale")
                         },
@@ -204,7 +206,7 @@ pub(super) fn t5(cfg: &Cfg, head: Resolved) -> Result<(Vec<LayerSpec>, u64), Err
             // dropout, dense, tanh, dropout, out_proj.
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     index: Some(-1),
                     ..layer(K::Select, "eos_representation")

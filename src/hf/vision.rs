@@ -19,7 +19,7 @@ use super::layers::{
 };
 use super::{ImageSize, Resolved};
 use crate::error::Error;
-use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Pair, Sizes};
+use crate::spec::{CombineKind, LayerKind as K, LayerSpec, Pair, Sizes, layer_spec};
 
 /// What a vision model reads: `[batch, channels, height, width]` pixels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,7 +185,7 @@ pub(super) fn vision(
         // modelling (`bool_masked_pos`) reads; no gradient, so no optimizer state either.
         push(
             &mut out,
-            LayerSpec {
+            layer_spec! {
                 shape: Some(vec![1, hidden_dim]),
                 combine: Some(CombineKind::Unused),
                 ..layer(K::Parameter, &p("embeddings.mask_token"))
@@ -194,7 +194,7 @@ pub(super) fn vision(
     }
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             out_channels: Some(hidden),
             kernel: Some(Sizes(vec![patch])),
             stride: Some(Sizes(vec![patch])),
@@ -203,21 +203,21 @@ pub(super) fn vision(
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             start_dim: Some(2),
             ..layer(K::Flatten, &p("embeddings.patch_embeddings.flatten"))
         },
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             dims: Some(vec![1, 2]),
             ..layer(K::Transpose, &p("embeddings.patch_embeddings.transpose"))
         },
     );
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             shape: Some(vec![1, 1, hidden_dim]),
             combine: Some(CombineKind::Concat),
             dim: Some(1),
@@ -226,7 +226,7 @@ pub(super) fn vision(
     );
     let prev = push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             shape: Some(vec![1, patches_dim, hidden_dim]),
             size: interpolate,
             ..layer(K::Parameter, &p("embeddings.position_embeddings"))
@@ -242,7 +242,7 @@ pub(super) fn vision(
     push(&mut body, layernorm(norm1));
     let mut prev = push(
         &mut body,
-        LayerSpec {
+        layer_spec! {
             heads: Some(heads),
             bias: (!qkv_bias).then_some(false),
             out_bias: (!qkv_bias).then_some(true),
@@ -313,7 +313,7 @@ pub(super) fn vision(
                 // ViTModel's pooler (`add_pooling_layer=True`): the first token, dense, tanh.
                 push(
                     &mut out,
-                    LayerSpec {
+                    layer_spec! {
                         dim: Some(1),
                         index: Some(0),
                         ..layer(K::Select, "pooler.first_token")
@@ -334,7 +334,7 @@ pub(super) fn vision(
         Resolved::Classification if kind == Kind::Vit => {
             push(
                 &mut out,
-                LayerSpec {
+                layer_spec! {
                     dim: Some(1),
                     index: Some(0),
                     ..layer(K::Select, "pooled_output")
@@ -366,7 +366,7 @@ pub(super) fn vision(
 
 /// DINOv2's `Dinov2LayerScale`: `hidden_state * lambda1`, a `[hidden]` parameter.
 fn layer_scale(name: &str, hidden: i64) -> LayerSpec {
-    LayerSpec {
+    layer_spec! {
         shape: Some(vec![hidden]),
         combine: Some(CombineKind::Mul),
         ..layer(K::Parameter, &format!("{name}.lambda1"))

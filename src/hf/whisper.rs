@@ -27,7 +27,7 @@ use super::layers::{
     push_dropout, repeat, with_inputs,
 };
 use crate::error::Error;
-use crate::spec::{DimSpec, InputSpec, LayerKind as K, LayerSpec, Sizes};
+use crate::spec::{DimSpec, InputSpec, LayerKind as K, LayerSpec, Sizes, layer_spec};
 
 /// The name of the named input that holds the log-mel features.
 pub(super) const FEATURES: &str = "input_features";
@@ -105,14 +105,16 @@ pub(super) fn whisper(cfg: &Cfg, head: Resolved) -> Result<Built, Error> {
     let act_name = c.activation_function.as_deref().unwrap_or("gelu");
     let p = module_path(head, "model");
 
-    let attention = |name: &str, heads: u64, causal: bool| LayerSpec {
-        heads: Some(heads),
-        causal: causal.then_some(true),
-        k_bias: Some(false),
-        scale_query: Some(true),
-        contiguous_heads: Some(true),
-        dropout: (p_attn > 0.0).then_some(p_attn),
-        ..layer(K::Attention, name)
+    let attention = |name: &str, heads: u64, causal: bool| {
+        layer_spec! {
+            heads: Some(heads),
+            causal: causal.then_some(true),
+            k_bias: Some(false),
+            scale_query: Some(true),
+            contiguous_heads: Some(true),
+            dropout: (p_attn > 0.0).then_some(p_attn),
+            ..layer(K::Attention, name)
+        }
     };
     // The MLP half of a layer, after the residual sum `residual`; the last sum is `sum`.
     let mlp =
@@ -134,7 +136,7 @@ pub(super) fn whisper(cfg: &Cfg, head: Resolved) -> Result<Built, Error> {
     push(
         &mut out,
         with_inputs(
-            LayerSpec {
+            layer_spec! {
                 out_channels: Some(d),
                 kernel: Some(Sizes(vec![3])),
                 padding: Some(Sizes(vec![1])),
@@ -146,7 +148,7 @@ pub(super) fn whisper(cfg: &Cfg, head: Resolved) -> Result<Built, Error> {
     push(&mut out, layer(K::Gelu, &p("encoder.conv1.gelu")));
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             out_channels: Some(d),
             kernel: Some(Sizes(vec![3])),
             stride: Some(Sizes(vec![2])),
@@ -157,14 +159,14 @@ pub(super) fn whisper(cfg: &Cfg, head: Resolved) -> Result<Built, Error> {
     push(&mut out, layer(K::Gelu, &p("encoder.conv2.gelu")));
     push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             dims: Some(vec![0, 2, 1]),
             ..layer(K::Permute, &p("encoder.permute"))
         },
     );
     let prev = push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             num_positions: Some(sources),
             trainable: Some(false),
             note: Some("sinusoidal table, frozen (requires_grad_(False))".into()),
@@ -200,7 +202,7 @@ pub(super) fn whisper(cfg: &Cfg, head: Resolved) -> Result<Built, Error> {
     );
     let prev = push(
         &mut out,
-        LayerSpec {
+        layer_spec! {
             num_positions: Some(targets),
             ids_per_batch: Some(true),
             note: Some("weight[position_ids], the [batch, seq] ids kept by its backward".into()),
@@ -217,7 +219,7 @@ pub(super) fn whisper(cfg: &Cfg, head: Resolved) -> Result<Built, Error> {
     push(
         &mut body,
         with_inputs(
-            LayerSpec {
+            layer_spec! {
                 heads: Some(dec_heads),
                 k_bias: Some(false),
                 scale_query: Some(true),
