@@ -152,6 +152,18 @@ impl Tracer<'_> {
                 .copied()
                 .filter(|&v| self.rg(v) && self.val(v).dtype.is_float())
                 .collect();
+            if step.op.grads_by_name() {
+                // The backward's order ([`AtenOp::grads_by_name`]): by ATen name; inputs past
+                // the named ones (an `add` of several: `(a + b) + c`) are further `other`s,
+                // the later computed first, as the outer `add`'s backward runs first.
+                let names = step.op.spec().inputs;
+                let key = |v: ValueId| {
+                    let i = step.inputs.iter().position(|&x| x == v).unwrap_or(0);
+                    let name = names.get(i.min(names.len().saturating_sub(1))).copied();
+                    (name, std::cmp::Reverse(i))
+                };
+                step.grads.sort_by_key(|&v| key(v));
+            }
             step.grads.dedup();
         } else {
             step.saves.clear();

@@ -236,6 +236,16 @@ impl Tracer<'_> {
                 first.shape
             )));
         }
+        // `AddBackward0` returns `grad` itself for `self` and `maybe_multiply(grad, alpha)`,
+        // the same tensor at `alpha = 1`, for `other` (derivatives.yaml `add.Tensor`): when no
+        // input is broadcast or of another dtype (the engine's `validate_outputs` would
+        // `sum_to` or cast the gradient), every input gets the output's gradient block and
+        // nothing is allocated (a residual connection).
+        let passes = !inplace
+            && inputs.iter().all(|&v| {
+                let vv = self.val(v);
+                vv.shape == shape && vv.dtype == dtype
+            });
         let y = if inplace {
             let y = self.view_of(inputs[0], shape, Layout::Contiguous);
             self.tape.values[y].requires_grad = rg;
@@ -248,11 +258,12 @@ impl Tracer<'_> {
         } else {
             AtenOp::Add
         };
-        self.call(Call::new(op, inputs.to_vec(), vec![y]))?;
+        let call = Call::new(op, inputs.to_vec(), vec![y]);
+        self.call(if passes { call.view_grad() } else { call })?;
         Ok(y)
     }
 
-    /// `torch.cat`: saves only sizes.
+    /// `torch.cat`: saves only sizes; its backward hands the inputs views of the gradient.
     pub(super) fn concat(&mut self, inputs: &[ValueId], axis: usize) -> Result<ValueId, Error> {
         let first = self.val(inputs[0]).clone();
         let mut dims = first.shape.dims().to_vec();
@@ -279,7 +290,12 @@ impl Tracer<'_> {
             rg |= vv.requires_grad;
         }
         let y = self.fresh(Shape::new(dims), first.dtype, "output", rg)?;
-        self.call(Call::new(AtenOp::Cat, inputs.to_vec(), vec![y]))?;
+        // `CatBackward0` hands each input `grad.narrow(dim, offset, size)`
+        // (`cat_tensors_backward`, derivatives.yaml `cat`): views of the output's gradient,
+        // nothing allocated, when every input has the output's dtype.
+        let call = Call::new(AtenOp::Cat, inputs.to_vec(), vec![y]);
+        let same = inputs.iter().all(|&v| self.val(v).dtype == first.dtype);
+        self.call(if same { call.view_grad() } else { call })?;
         Ok(y)
     }
 

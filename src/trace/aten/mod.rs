@@ -535,6 +535,31 @@ impl AtenOp {
         )
     }
 
+    /// Whether the backward computes its inputs' gradients one formula per input, in the order
+    /// of the inputs' names (`mm`: `mat2`'s, then `self`'s; `mul.Tensor`: `other`'s, then
+    /// `self`'s; `addmm`: `mat1`, `mat2`, `self`). PyTorch's autograd codegen reads each
+    /// `derivatives.yaml` entry's formulas in sorted order of their keys
+    /// (`tools/autograd/load_derivatives.py`, `set_up_derivatives`:
+    /// `for raw_names in sorted(defn.keys())`), and the generated `MmBackward0::apply` computes
+    /// them in that order; a `TorchDispatchMode` over `nn.Linear(8, 5, bias=False)`'s backward
+    /// shows the weight's `mm` before the input's. `false` for one formula over several inputs
+    /// (`native_layer_norm`'s `input, weight, bias`: the kernel's order) and for the composites.
+    #[must_use]
+    pub const fn grads_by_name(self) -> bool {
+        matches!(
+            self,
+            AtenOp::Addmm
+                | AtenOp::Mm
+                | AtenOp::Bmm
+                | AtenOp::GroupedMm
+                | AtenOp::Mul
+                | AtenOp::Add
+                | AtenOp::AddInplace
+                | AtenOp::Sub
+                | AtenOp::MaskedScatter
+        )
+    }
+
     /// What autograd saves for this operator's backward.
     #[must_use]
     pub const fn saves(self) -> SaveRule {

@@ -188,3 +188,28 @@ fn in_place_rows_are_in_place() {
         assert_eq!(op.is_inplace(), ends, "{op:?}");
     }
 }
+
+/// [`AtenOp::grads_by_name`] holds exactly for the operators whose entry in derivatives.yaml
+/// has two or more differentiable inputs, each with its own formula (none of the saved tensors'
+/// formulas is keyed by several names, as `input, weight, bias` is), and whose row names them.
+#[test]
+fn grads_by_name_matches_separate_formulas() {
+    let data: serde_json::Value =
+        serde_json::from_str(include_str!("../../../tests/data/derivatives.json")).unwrap();
+    let ops = data["ops"].as_object().unwrap();
+    for op in all() {
+        let s = op.spec();
+        let separate = s.yaml.is_some_and(|yaml| {
+            let entry = &ops[yaml];
+            let grouped = entry["saved"]
+                .as_object()
+                .unwrap()
+                .values()
+                .flat_map(|f| f.as_array().unwrap())
+                .any(|f| f.as_str().unwrap().contains(','));
+            let differentiable = entry["differentiable"].as_array().unwrap().len();
+            !grouped && differentiable > 1 && s.inputs.len() > 1
+        });
+        assert_eq!(op.grads_by_name(), separate, "{op:?}");
+    }
+}
