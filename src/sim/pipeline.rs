@@ -214,6 +214,7 @@ mod tests {
                 view_grad: false,
                 segment: None,
                 scratch: (Vec::new(), Vec::new()),
+                reduced: Vec::new(),
             })
             .collect();
         t

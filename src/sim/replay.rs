@@ -905,7 +905,38 @@ impl<'a> Replay<'a> {
                 transient = self.scratch(&step.scratch.1);
                 self.sub(temp, transient);
             }
-            for &v in &step.grads {
+            // Each input's formula, then the engine's reductions ([`Step::reduced`]): a reduced
+            // input's formula block first (a transient, freed with the step), its own
+            // gradient after every formula, in input order.
+            let reduced_in_order = step
+                .inputs
+                .iter()
+                .filter(|&&v| step.reduced.iter().any(|&(r, _)| r == v));
+            let formulas = step.grads.iter().map(|&v| {
+                let block = step.reduced.iter().find(|&&(r, _)| r == v).map(|&(_, b)| b);
+                (v, block)
+            });
+            let mut seen_reduced: Vec<ValueId> = Vec::new();
+            let order: Vec<(ValueId, Option<u64>)> = formulas
+                .chain(reduced_in_order.filter_map(|&v| {
+                    if seen_reduced.contains(&v) {
+                        None
+                    } else {
+                        seen_reduced.push(v);
+                        Some((v, None))
+                    }
+                }))
+                .collect();
+            for (v, formula) in order {
+                if let Some(b) = formula {
+                    if b > 0 {
+                        transient = transient.saturating_add(b);
+                        self.heap_alloc(Key::Transient, b);
+                    }
+                    continue;
+                }
+                // A reduced input gets a block of its own, never a view of the output's.
+                let own = step.reduced.iter().any(|&(r, _)| r == v);
                 let val = &tape.values[v];
                 // Parameter gradients take the recipe's gradient dtype (a float32 accumulation
                 // buffer under `mixed-bf16-fp32-grads`); activation gradients their value's.
@@ -965,7 +996,7 @@ impl<'a> Replay<'a> {
                         }
                         self.bucket_grad(v, bytes, step.layer);
                     }
-                } else if let Some(m) = moved.take() {
+                } else if !own && let Some(m) = moved.take() {
                     // The input's gradient is a view of the output's; when the input already has
                     // one, autograd adds this one into it and it dies.
                     match grads.entry(v) {
@@ -980,7 +1011,7 @@ impl<'a> Replay<'a> {
                             self.heap_rename(Key::Moved, Key::Transient);
                         }
                     }
-                } else if let Some(holder) = handed.or(taker).filter(|_| step.view_grad) {
+                } else if !own && let Some(holder) = handed.or(taker).filter(|_| step.view_grad) {
                     // Another input of a backward that passes the gradient on: a view of the
                     // same block, or, when the input has a gradient already, added into it
                     // in place (autograd's `InputBuffer::accumulate`): nothing is allocated.

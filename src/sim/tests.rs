@@ -103,6 +103,7 @@ impl Builder {
             view_grad,
             segment,
             scratch: (Vec::new(), Vec::new()),
+            reduced: Vec::new(),
         });
         self.tape.steps.len() - 1
     }
@@ -302,6 +303,43 @@ fn a_gradient_passed_to_two_inputs_is_one_tensor() {
         o.max[Category::Temporaries.index()],
         800,
         "grad d shared, grad z"
+    );
+}
+
+/// `add`'s backward hands the output's gradient to an input of the output's shape; a broadcast
+/// input gets the engine's `sum_to` of it, a block of its own shape ([`Step::reduced`]), even when
+/// it comes first in the backward's order (`other` before `self`). `z = y·v` [10],
+/// `a = x·w` [100], `b = gelu(a)`, `d = b + z` (broadcast), `e = gelu(d)`, `loss = e.sum()`.
+///
+/// L5 makes `grad d` (400); L4 hands it to `b` and makes `grad z` (40); L3 makes `grad a`
+/// (400) beside them: the activation gradients peak at **840** B (with `z` taking the 400-B
+/// block and `b` a view of it, 800).
+#[test]
+fn a_broadcast_input_of_add_gets_its_reduced_gradient() {
+    let mut t = Builder::new();
+    let (x, y) = (t.f32(Input, 100, false), t.f32(Input, 10, false));
+    let (w, v) = (t.f32(Parameter, 100, true), t.f32(Parameter, 10, true));
+    let z = t.f32(Act, 10, true);
+    let [a, b, d, e] = [(); 4].map(|()| t.f32(Act, 100, true));
+    t.mul(y, v, z);
+    t.mul(x, w, a);
+    t.op(AtenOp::Gelu, (&[a], &[b]), &[a], &[a]);
+    let add = S {
+        op: AtenOp::Add,
+        inputs: &[b, z],
+        outputs: &[d],
+        saves: &[],
+        grads: &[z, b],
+    };
+    let at = t.step(&add, true, None);
+    t.tape.steps[at].reduced.push((z, 0));
+    t.op(AtenOp::Gelu, (&[d], &[e]), &[d], &[d]);
+    t.loss(e);
+    let o = train(&t.tape, &OptimizerPlan::default());
+    assert_eq!(
+        o.max[Category::Temporaries.index()],
+        840,
+        "grad d for b, grad z, grad a"
     );
 }
 

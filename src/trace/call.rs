@@ -165,6 +165,20 @@ impl Tracer<'_> {
                 step.grads.sort_by_key(|&v| key(v));
             }
             step.grads.dedup();
+            // `add.Tensor`'s formulas are `grad` itself (no block of their own); an input of
+            // another shape or dtype than the output gets the engine's reduction of it
+            // ([`Step::reduced`]), the others the output's gradient block (`view_grad`).
+            if matches!(step.op, AtenOp::Add | AtenOp::AddInplace)
+                && let Some(&o) = step.outputs.first()
+            {
+                let out = &self.tape.values[o];
+                for &v in &step.grads {
+                    let vv = &self.tape.values[v];
+                    if vv.shape != out.shape || vv.dtype != out.dtype {
+                        step.reduced.push((v, 0));
+                    }
+                }
+            }
         } else {
             step.saves.clear();
             step.grads.clear();

@@ -113,7 +113,29 @@ impl Tracer<'_> {
         } else {
             self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?
         };
-        self.call(Call::new(op, vec![x], vec![y]))?;
+        let call = Call::new(op, vec![x], vec![y]);
+        let call = if op == AtenOp::AddScalar {
+            // `add.Scalar`'s backward is `self: grad` (derivatives.yaml): the input gets the
+            // output's gradient block itself.
+            call.view_grad()
+        } else if matches!(op, AtenOp::Pow | AtenOp::Rsqrt) {
+            // Backward formulas written as several operators make their intermediates before
+            // the gradient and free them after (derivatives.yaml): `pow.Tensor_Scalar`'s
+            // `pow_backward` is `grad * (exponent * self.pow(exponent - 1))` (`self.pow`, then
+            // `mul.Scalar`), `rsqrt`'s `-0.5 * grad * result.pow(3)` (`result.pow`, then
+            // `mul.Scalar`): two blocks of the input's size, then the gradient (a
+            // `TorchDispatchMode` over LlamaRMSNorm's backward shows `pow`, `mul.Scalar`,
+            // `mul`).
+            let bytes = xv
+                .shape
+                .numel()
+                .and_then(|n| xv.dtype.bytes_for(n))
+                .ok_or_else(|| Error::Overflow("the size of a tensor".into()))?;
+            call.scratch(Vec::new(), vec![bytes; 2])
+        } else {
+            call
+        };
+        self.call(call)?;
         Ok(y)
     }
 
@@ -237,15 +259,14 @@ impl Tracer<'_> {
             )));
         }
         // `AddBackward0` returns `grad` itself for `self` and `maybe_multiply(grad, alpha)`,
-        // the same tensor at `alpha = 1`, for `other` (derivatives.yaml `add.Tensor`): when no
-        // input is broadcast or of another dtype (the engine's `validate_outputs` would
-        // `sum_to` or cast the gradient), every input gets the output's gradient block and
-        // nothing is allocated (a residual connection).
-        let passes = !inplace
-            && inputs.iter().all(|&v| {
-                let vv = self.val(v);
-                vv.shape == shape && vv.dtype == dtype
-            });
+        // the same tensor at `alpha = 1`, for `other` (derivatives.yaml `add.Tensor`): an
+        // input of the output's shape and dtype gets the output's gradient block, nothing
+        // allocated (a residual connection); a broadcast one or one of another dtype gets the
+        // engine's `sum_to` or cast of it (`validate_outputs`: `Step::reduced`).
+        let passes = inputs.iter().any(|&v| {
+            let vv = self.val(v);
+            vv.shape == shape && vv.dtype == dtype
+        });
         let y = if inplace {
             let y = self.view_of(inputs[0], shape, Layout::Contiguous);
             self.tape.values[y].requires_grad = rg;

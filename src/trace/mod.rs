@@ -425,6 +425,7 @@ impl Tracer<'_> {
             view_grad: false,
             segment: self.segment,
             scratch: (Vec::new(), Vec::new()),
+            reduced: Vec::new(),
         }
     }
 

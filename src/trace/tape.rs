@@ -157,6 +157,12 @@ pub struct Step {
     /// gradients it returns. A function written out in Python (BLOOM's `GeLUFunction`) makes
     /// one tensor per operation; ATen kernels make none memest counts.
     pub scratch: (Vec<u64>, Vec<u64>),
+    /// Inputs whose gradient the backward formula makes at the output's shape and dtype (the
+    /// block's bytes) and autograd's engine then reduces to the input's (`validate_outputs`
+    /// in `torch/csrc/autograd/engine.cpp`: `sum_to` a broadcast input's shape, `.to` its
+    /// dtype): every formula's block is made first, in [`Step::grads`]' order, then each of
+    /// these inputs' own gradient, in input order, while its formula block is still live.
+    pub reduced: Vec<(ValueId, u64)>,
 }
 
 /// Per-layer facts for reports.
