@@ -72,10 +72,12 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 
 /// Llama-3.1-405B's config (126 decoder layers), a training step at 8,192 tokens. Target: at
 /// most 5 ms. Measured: 50 ms median (load ~6 on 2 cores; 307 ms at load ~13 before parameter
-/// segments were retired from the allocator extension); the binary 48-55 ms user on CUDA, 0.00 s
-/// on `--device cpu` (extended from 4, 5 and 6 layers). On CUDA the extension still gives up
-/// and the layers unroll: each layer's saved activations take large segments of several sizes,
-/// interleaved copy after copy, so the allocator's state grows with every layer.
+/// segments were retired from the allocator extension); the binary 40-50 ms user on CUDA
+/// (before and after the two-level state below, load ~5), 0.00 s on `--device cpu` (extended
+/// from 4, 5 and 6 layers). On CUDA the extension still gives up and the layers unroll: each
+/// layer's 16 and 4 MiB tensors fill the 256 MiB holes its transients leave, so the
+/// allocator's state repeats only after many layers; the extension stops once its state holds
+/// more than `sim::periodic::MAX_GROUPS` items.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
@@ -99,11 +101,12 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// device). Target: at most 50 ms and 32 MiB RSS (the RSS is measured on the binary:
 /// `/usr/bin/time -f %M memest FILE [--device cpu]`). On the CPU it is extended symbolically from
 /// 4, 5 and 6 copies (`src/symbolic.rs`): 0.00-0.01 s user and 5.0 MiB (unrolled before: 0.49 s,
-/// 197 MB). On CUDA the block is still unrolled for the caching allocator's figures: 1.9 s user,
-/// 380 MB (measured under load 17 on 2 cores); 3.5-3.7 s user and 457 MB at load ~12, this
-/// bench 5.0 s median at load ~6. Retiring the parameters' segments gets the extension past the
-/// model load, but the activations' 2 KiB blocks then pile up by the thousand in 2 MiB small
-/// segments, a state it plays copy by copy until its budget runs out.
+/// 197 MB). On CUDA the caching allocator's state is extended too (`src/sim/periodic.rs`: the
+/// activations' 2 KiB blocks as repetitions inside their 2 MiB segments, units of segments and
+/// units holding repetitions): the binary 0.26-0.34 s user and 16 MB, the JSON identical to
+/// unrolling's (3.6-3.8 s user and 457 MB, load 5-8 on 2 cores). Still past the target: each
+/// filled segment costs a few copies played to see the period again (29,283 copies played of
+/// the 1.1 million the step's 11 runs hold). Not re-measured with this bench.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
@@ -165,6 +168,9 @@ fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
 /// One estimate of Llama-2-7B's config in inference at 4,096 tokens and batch 1 with an 80 GB
 /// budget: what `llama_2_7b_max_batch` is compared with. Measured: 7.6 ms median (load ~6; 40 ms
 /// at load ~13 while the CUDA allocator extension still gave up and the 32 layers unrolled).
+/// The binary: 0.00-0.01 s user before the allocator state held repetitions of blocks and
+/// nested units, 0.02-0.03 s after (load ~5): a request or free costs more, and 115 of the
+/// 120 copies of its runs are still played.
 #[divan::bench(sample_count = 20)]
 fn llama_2_7b_infer(bencher: divan::Bencher) {
     let src = example("hf/llama-2-7b.json");

@@ -646,7 +646,7 @@ fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     for (t, m) in traced.iter().zip(TRACED) {
         let want = t.sim.allocator?;
         for jumps in [false, true] {
-            let p = periodic::run(&program, m, jumps, ALLOCATOR_BUDGET)?;
+            let p = periodic::run(&program, m, jumps, ALLOCATOR_BUDGET, periodic::MAX_GROUPS)?;
             if (p.max_allocated, p.max_reserved)
                 != (want.allocated_peak_bytes, want.reserved_peak_bytes)
             {
@@ -663,7 +663,7 @@ fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     let budget = ops
         .saturating_mul(VISITS_PER_OPERATION)
         .clamp(MIN_ALLOCATOR_BUDGET, ALLOCATOR_BUDGET);
-    let p = periodic::run(&program, n, true, budget)?;
+    let p = periodic::run(&program, n, true, budget, periodic::MAX_GROUPS)?;
     Some(AllocatorPeaks {
         allocated_peak_bytes: p.max_allocated,
         reserved_peak_bytes: p.max_reserved,
