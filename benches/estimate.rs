@@ -72,12 +72,14 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 
 /// Llama-3.1-405B's config (126 decoder layers), a training step at 8,192 tokens. Target: at
 /// most 5 ms. Measured: 50 ms median (load ~6 on 2 cores; 307 ms at load ~13 before parameter
-/// segments were retired from the allocator extension); the binary 40-50 ms user on CUDA
-/// (before and after the two-level state below, load ~5), 0.00 s on `--device cpu` (extended
-/// from 4, 5 and 6 layers). On CUDA the extension still gives up and the layers unroll: each
-/// layer's 16 and 4 MiB tensors fill the 256 MiB holes its transients leave, so the
-/// allocator's state repeats only after many layers; the extension stops once its state holds
-/// more than `sim::periodic::MAX_GROUPS` items.
+/// segments were retired from the allocator extension); 0.00 s on `--device cpu` (extended
+/// from 4, 5 and 6 layers). On CUDA the allocator's state repeats only after many layers
+/// (each layer's 16 and 4 MiB tensors fill the 256 MiB holes its transients leave), which the
+/// encoded state does not extend; it used to unroll (the binary 40-50 ms user). Since the
+/// allocator itself plays the program of the traces of 4, 5 and 6 layers at 126 (runs of
+/// fewer than 128 copies are not encoded, `sim::periodic::AUTO`): the binary's task-clock
+/// (`perf stat -r 5`, interleaved, load 6.2) 44.7 ms on main, 55.5 ms with the encoded state
+/// tried (the previous commit), 16.5 ms now; JSON identical.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
@@ -104,9 +106,11 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// 197 MB). On CUDA the caching allocator's state is extended too (`src/sim/periodic.rs`: the
 /// activations' 2 KiB blocks as repetitions inside their 2 MiB segments, units of segments and
 /// units holding repetitions): the binary 0.26-0.34 s user and 16 MB, the JSON identical to
-/// unrolling's (3.6-3.8 s user and 457 MB, load 5-8 on 2 cores). Still past the target: each
-/// filled segment costs a few copies played to see the period again (29,283 copies played of
-/// the 1.1 million the step's 11 runs hold). Not re-measured with this bench.
+/// unrolling's (3.6-3.8 s user and 457 MB, load 5-8 on 2 cores); 0.23 s and 17 MB once the
+/// stretches outside the runs are played by the allocator itself (interleaved with the
+/// previous commit's 0.28-0.32 s, load 6.4). Still past the target: each filled segment costs
+/// a few copies played to see the period again (29,283 copies played of the 1.1 million the
+/// step's 11 runs hold). Not re-measured with this bench.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";

@@ -36,12 +36,23 @@
 //! and the reserved bytes only grow. What is not periodic is played copy by copy, up to a work
 //! budget; past it (or on anything unexpected) the answer is `None` and the caller unrolls.
 //!
+//! The encoded state costs about 9 times as much per copy played as the allocator itself
+//! ([`crate::alloc::CachingAllocator`], its blocks named by site and copy), so the caller
+//! ([`AUTO`]) plays the program by the allocator, encodes the state only at the start of a run
+//! long enough to pay for it (128 copies), and gives it back to the allocator (expanded) when
+//! a trial of a sixteenth of the run found no period, or the state grows past
+//! [`MAX_GROUPS`] items. A model of a few dozen layers never pays for the encoding (Llama-2-7B,
+//! Llama-3.1-405B: the allocator alone plays the three traces' program faster than unrolling).
+//!
 //! Limits: the default allocator configuration only (`expandable_segments` and
 //! `max_split_size_mb` are refused by the caller).
 
 use std::collections::{HashMap, HashSet};
 
-use crate::alloc::{MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size, round_size};
+use crate::alloc::{
+    BlockId, CachingAllocator, Config, MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size,
+    round_size,
+};
 
 /// Which copy a block's owner is, in a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,6 +118,9 @@ pub(crate) struct Peaks {
     pub max_reserved: u64,
     /// Copies of runs played one by one (the others were extended).
     pub played: u64,
+    /// Times the state went from the allocator to the encoded state or back
+    /// ([`Mode::Auto`]).
+    pub switches: u64,
 }
 
 /// An owner of allocated blocks: the site, the copy at the first position, and the step of
@@ -680,7 +694,8 @@ fn settle<T: Elem>(seq: &mut Vec<Item<T>>, p: usize, maxl: usize, rec: &mut Rec)
 
 /// The most items the sequence of segments may hold at a copy boundary of a run: past it
 /// the state is not turning periodic (Llama-3.1-405B's layers leave segments of 16 MiB
-/// activations filling 256 MiB holes at a period of many layers), and the caller unrolls.
+/// activations filling 256 MiB holes at a period of many layers), and [`AUTO`] plays on by
+/// the allocator.
 pub(crate) const MAX_GROUPS: usize = 64;
 
 /// The largest step of copies a repetition of blocks is started with.
@@ -712,6 +727,27 @@ struct Engine {
     /// so a segment whose blocks are all handed out to such sites can take no part in a later
     /// request or free: it is retired from the state ([`Engine::retire`]).
     freed: HashSet<u32>,
+}
+
+/// Whether every block of `seg` is handed out to a site outside `freed` (the sites the
+/// program frees): such a segment takes no further part ([`Engine::retire`]).
+fn inert(seg: &Seg, freed: &HashSet<u32>) -> bool {
+    seg.items.iter().all(|it| match it {
+        Item::Free(_) => false,
+        Item::Rep { unit, .. } => unit.iter().all(|b| !freed.contains(&b.owner.site)),
+    })
+}
+
+/// The site and copy an operation names, at copy `k` of a run (`None` outside runs) of a
+/// program at `n` copies.
+fn owner_of(name: &Name, k: Option<i64>, n: i64) -> Option<(u32, i64)> {
+    let copy = match name.copy {
+        CopyRef::None => 0,
+        CopyRef::Rel(d) => k?.checked_add(d)?,
+        CopyRef::Start(c) => c,
+        CopyRef::End(d) => n.checked_add(d)?,
+    };
+    Some((name.site, copy))
 }
 
 /// Largest figure kept: well inside `i64` (the numbers are stored as `i64`).
@@ -932,13 +968,8 @@ impl Engine {
     /// layout decides it (a choice, logged); the neighbours, now adjacent, merge where they
     /// continue each other.
     fn retire(&mut self, g: usize) -> Option<bool> {
-        let freed = &self.freed;
         let seg = loose_seg(&mut self.groups, g)?;
-        let inert = seg.items.iter().all(|it| match it {
-            Item::Free(_) => false,
-            Item::Rep { unit, .. } => unit.iter().all(|b| !freed.contains(&b.owner.site)),
-        });
-        if !inert {
+        if !inert(seg, &self.freed) {
             return Some(false);
         }
         self.rec.code(-2 - i128::try_from(g).ok()?);
@@ -1057,15 +1088,7 @@ impl Engine {
     }
 
     fn apply(&mut self, op: &Op, k: Option<i64>, n: i64) -> Option<()> {
-        let owner = |name: &Name| -> Option<(u32, i64)> {
-            let copy = match name.copy {
-                CopyRef::None => 0,
-                CopyRef::Rel(d) => k?.checked_add(d)?,
-                CopyRef::Start(c) => c,
-                CopyRef::End(d) => n.checked_add(d)?,
-            };
-            Some((name.site, copy))
-        };
+        let owner = |name: &Name| owner_of(name, k, n);
         match op {
             Op::Alloc { name, bytes } => {
                 let (site, copy) = owner(name)?;
@@ -1285,83 +1308,408 @@ struct Candidate {
     marks: Vec<usize>,
 }
 
-/// Plays `program` at `n` copies (at least 3): the peaks, or `None` when an operation does
-/// not fit the state (a free of no block), a figure nears 2^62, or the elements visited pass
-/// `budget` (the run's cost: a state that does not turn periodic is played copy by copy).
-/// `jumps`: extend periodic stretches of runs (else every copy is played). `max_groups`: the
-/// most items the sequence of segments may hold at a copy boundary of a run (past it, `None`;
-/// [`MAX_GROUPS`] for the caller that unrolls instead).
-pub(crate) fn run(
-    program: &[Stretch],
-    n: u64,
-    jumps: bool,
-    budget: u64,
-    max_groups: usize,
-) -> Option<Peaks> {
-    let n = i64::try_from(n).ok()?;
-    let mut e = Engine {
-        freed: program
+/// The allocator itself ([`CachingAllocator`]) with its blocks named by site and copy: how a
+/// program is played where its state is not extended. An operation costs a few tree
+/// operations here, against searches and merges of the run-length encoded state in an
+/// [`Engine`] (about 9 times as much per copy, [`AUTO`]).
+struct Flat {
+    a: CachingAllocator,
+    live: HashMap<(u32, i64), Option<BlockId>, foldhash::fast::RandomState>,
+    /// The site and copy of each handed-out block, by [`BlockId::index`].
+    owner: Vec<(u32, i64)>,
+}
+
+impl Flat {
+    fn new() -> Flat {
+        Flat {
+            a: CachingAllocator::new(Config::default()),
+            live: HashMap::default(),
+            owner: Vec::new(),
+        }
+    }
+
+    /// Plays `op` at copy `k` of a run (`None` outside runs) of a program at `n` copies.
+    fn apply(&mut self, op: &Op, k: Option<i64>, n: i64) -> Option<()> {
+        match op {
+            Op::Alloc { name, bytes } => {
+                let key = owner_of(name, k, n)?;
+                let b = self.a.malloc(*bytes).ok()?;
+                if let Some(b) = b {
+                    let i = b.index();
+                    if self.owner.len() <= i {
+                        self.owner.resize(i + 1, (0, 0));
+                    }
+                    self.owner[i] = key;
+                }
+                if self.live.insert(key, b).is_some() {
+                    return None;
+                }
+            }
+            Op::Free(name) => {
+                if let Some(b) = self.live.remove(&owner_of(name, k, n)?)? {
+                    self.a.free(b).ok()?;
+                }
+            }
+            Op::ResetPeaks => self.a.reset_peaks(),
+        }
+        let limit = u64::try_from(LIMIT).ok()?;
+        (self.a.allocated() < limit && self.a.reserved() < limit).then_some(())
+    }
+
+    /// The run-length encoded state of the same allocator: each segment's blocks (merged
+    /// into repetitions where they continue each other), the segments that take no further
+    /// part retired, the rest merged likewise. `work`: what was spent so far.
+    fn to_engine(&self, freed: &HashSet<u32>, work: u64) -> Option<Engine> {
+        let mut e = Engine {
+            allocated: i128::from(self.a.allocated()),
+            reserved: i128::from(self.a.reserved()),
+            max_allocated: i128::from(self.a.max_allocated()),
+            max_reserved: i128::from(self.a.max_reserved()),
+            freed: freed.clone(),
+            ..Engine::default()
+        };
+        e.rec.work = work;
+        for seg in self.a.segments() {
+            let mut items = Vec::with_capacity(seg.blocks.len());
+            for (size, b) in seg.blocks {
+                let size = i64::try_from(size).ok()?;
+                e.rec.work += 1;
+                let Some(b) = b else {
+                    items.push(Item::Free(size));
+                    continue;
+                };
+                let (site, c0) = *self.owner.get(b.index())?;
+                let owner = Own {
+                    site,
+                    c0,
+                    d: [0; LEVELS],
+                };
+                items.push(Blk { size, owner }.into_item());
+                let last = items.len() - 1;
+                settle(&mut items, last, MAX_BLOCK_UNIT, &mut e.rec)?;
+            }
+            let seg = Seg {
+                small: seg.small,
+                items,
+            };
+            if inert(&seg, freed) {
+                continue;
+            }
+            e.groups.push(Node::Seg(seg).into_item());
+            let last = e.groups.len() - 1;
+            settle(&mut e.groups, last, MAX_SEGMENT_UNIT, &mut e.rec)?;
+        }
+        Some(e)
+    }
+}
+
+impl Engine {
+    /// The blocks the state holds, expanded (saturating).
+    fn blocks(&self) -> u64 {
+        fn item<T>(it: &Item<T>, elem: &dyn Fn(&T) -> u64) -> u64 {
+            match it {
+                Item::Free(_) => 1,
+                Item::Rep { count, unit, .. } => unit
+                    .iter()
+                    .fold(0u64, |a, e| a.saturating_add(elem(e)))
+                    .saturating_mul(u64::try_from(*count).unwrap_or(u64::MAX)),
+            }
+        }
+        fn node(n: &Node) -> u64 {
+            match n {
+                Node::Seg(seg) => seg
+                    .items
+                    .iter()
+                    .fold(0u64, |a, it| a.saturating_add(item(it, &|_: &Blk| 1))),
+                Node::Grp(it) => item(it, &node),
+            }
+        }
+        self.groups
             .iter()
-            .flat_map(|st| match st {
-                Stretch::Fixed(ops) | Stretch::Run { ops, .. } => ops.iter(),
-            })
-            .filter_map(|op| match op {
-                Op::Free(name) => Some(name.site),
-                _ => None,
-            })
-            .collect(),
-        ..Engine::default()
+            .fold(0u64, |a, g| a.saturating_add(item(g, &node)))
+    }
+
+    /// The same allocator's state with every repetition expanded, the segments retired
+    /// from the state left out (their bytes stay in the stats: they take no further part).
+    fn to_flat(&self) -> Option<Flat> {
+        /// Appends the segments of `unit`'s repetitions `0..count`, in address order.
+        fn expand(unit: &[Node], count: i64, out: &mut Vec<(bool, Vec<(u64, Own)>)>) -> Option<()> {
+            for r in 0..count {
+                for e in shifted(unit, r, false)? {
+                    match e {
+                        Node::Seg(seg) => {
+                            let mut blocks = Vec::new();
+                            for it in &seg.items {
+                                match it {
+                                    Item::Free(f) => blocks.push((
+                                        u64::try_from(*f).ok()?,
+                                        Own {
+                                            site: u32::MAX,
+                                            c0: 0,
+                                            d: [0; LEVELS],
+                                        },
+                                    )),
+                                    Item::Rep { count, unit, .. } => {
+                                        for i in 0..*count {
+                                            for b in shifted(unit, i, false)? {
+                                                blocks.push((u64::try_from(b.size).ok()?, b.owner));
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            out.push((seg.small, blocks));
+                        }
+                        Node::Grp(Item::Rep { count, unit, .. }) => expand(&unit, count, out)?,
+                        Node::Grp(Item::Free(_)) => return None,
+                    }
+                }
+            }
+            Some(())
+        }
+        let mut f = Flat::new();
+        for g in &self.groups {
+            let Item::Rep { count, unit, .. } = g else {
+                return None;
+            };
+            let mut segs = Vec::new();
+            expand(unit, *count, &mut segs)?;
+            for (small, blocks) in segs {
+                let layout: Vec<(u64, bool)> = blocks
+                    .iter()
+                    .map(|(size, o)| (*size, o.site != u32::MAX))
+                    .collect();
+                let ids = f.a.push_segment(small, &layout).ok()?;
+                for (b, (_, o)) in ids
+                    .into_iter()
+                    .zip(blocks.iter().filter(|(_, o)| o.site != u32::MAX))
+                {
+                    let i = b.index();
+                    if f.owner.len() <= i {
+                        f.owner.resize(i + 1, (0, 0));
+                    }
+                    f.owner[i] = (o.site, o.c0);
+                    if f.live.insert((o.site, o.c0), Some(b)).is_some() {
+                        return None;
+                    }
+                }
+            }
+        }
+        f.a.set_stats(
+            u64::try_from(self.allocated).ok()?,
+            u64::try_from(self.reserved).ok()?,
+            u64::try_from(self.max_allocated).ok()?,
+            u64::try_from(self.max_reserved).ok()?,
+        );
+        Some(f)
+    }
+}
+
+/// How [`run`] plays a program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The allocator itself, every copy ([`crate::alloc::CachingAllocator`]).
+    Flat,
+    /// The run-length encoded state from the start, extending runs where `jumps` (else
+    /// playing every copy in it); past `max_groups` items at a copy boundary, `None`.
+    /// The tests' reference for the encoded state.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Engine {
+        /// Extend periodic stretches of runs.
+        jumps: bool,
+        /// The most items the sequence of segments may hold at a copy boundary of a run.
+        max_groups: usize,
+    },
+    /// The allocator itself, but for runs long enough to pay for the encoded state: there
+    /// the state is encoded and extended while that pays, and played by the allocator again
+    /// where it does not. [`AUTO`] holds the figures the caller uses.
+    Auto {
+        /// How many times a copy played in the encoded state costs one played by the
+        /// allocator (about): a run of `c` copies may spend `c / ratio` copies in the encoded
+        /// state before its first extension (else it goes back to the allocator).
+        ratio: i64,
+        /// The fewest copies that trial may have (a run shorter than `ratio` times this is
+        /// played by the allocator at once).
+        trial: i64,
+        /// The most items the sequence of segments may hold at a copy boundary of a run
+        /// before the state goes back to the allocator.
+        max_groups: usize,
+    },
+}
+
+/// The caller's [`Mode::Auto`]. A copy costs about 9 times as much in the encoded state as
+/// played by the allocator (`perf` on Llama-2-7B inference, 30 copies a run: 8 ms over its
+/// 7 plays in the encoded state, 0.5 ms over 4 by the allocator); 16 leaves room for the
+/// conversions and for trials that find nothing. A trial of 8 copies finds periods of up to
+/// 2 copies (three boundaries after a first sighting), so runs of fewer than 128 copies
+/// (Llama-2-7B's 30, Llama-3.1-405B's 124) are played by the allocator alone.
+pub(crate) const AUTO: Mode = Mode::Auto {
+    ratio: 16,
+    trial: 8,
+    max_groups: MAX_GROUPS,
+};
+
+/// What plays a program: the allocator, or the encoded state.
+enum Player {
+    Flat(Flat),
+    Engine(Engine),
+}
+
+/// Plays `program` at `n` copies (at least 3) in `mode`: the peaks, or `None` when an
+/// operation does not fit the state (a free of no block), a figure nears 2^62, or the work
+/// done passes `budget` (operations played by the allocator, elements visited in the encoded
+/// state: a state that does not turn periodic is played copy by copy).
+pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Option<Peaks> {
+    let n = i64::try_from(n).ok()?;
+    let freed: HashSet<u32> = program
+        .iter()
+        .flat_map(|st| match st {
+            Stretch::Fixed(ops) | Stretch::Run { ops, .. } => ops.iter(),
+        })
+        .filter_map(|op| match op {
+            Op::Free(name) => Some(name.site),
+            _ => None,
+        })
+        .collect();
+    let (mut player, mut work) = match mode {
+        Mode::Engine { .. } => (
+            Player::Engine(Engine {
+                freed: freed.clone(),
+                ..Engine::default()
+            }),
+            0,
+        ),
+        Mode::Flat | Mode::Auto { .. } => (Player::Flat(Flat::new()), 0u64),
     };
-    let mut played = 0u64;
+    let (mut played, mut switches) = (0u64, 0u64);
     for st in program {
         match st {
             Stretch::Fixed(ops) => {
                 for op in ops {
-                    e.apply(op, None, n)?;
-                }
-                if e.rec.work > budget {
-                    return None;
+                    match &mut player {
+                        Player::Flat(f) => {
+                            f.apply(op, None, n)?;
+                            work += 1;
+                        }
+                        Player::Engine(e) => e.apply(op, None, n)?,
+                    }
                 }
             }
             Stretch::Run { ops, descending } => {
                 let copies = n.checked_sub(2)?;
+                // A reset of the peaks inside a period would make its peak that of the last
+                // period alone: such a run is played copy by copy.
+                let periodic =
+                    !ops.is_empty() && !ops.iter().any(|op| matches!(op, Op::ResetPeaks));
+                let (extend, mut trial, mut max_groups) = match mode {
+                    Mode::Flat => (false, 0, usize::MAX),
+                    Mode::Engine { jumps, max_groups } => (jumps && periodic, i64::MAX, max_groups),
+                    Mode::Auto {
+                        ratio,
+                        trial,
+                        max_groups,
+                    } => {
+                        let t = copies / ratio.max(1);
+                        (periodic && t >= trial, t, max_groups)
+                    }
+                };
+                if extend && let Player::Flat(f) = &player {
+                    player = Player::Engine(f.to_engine(&freed, work)?);
+                    switches += 1;
+                }
+                let (auto, ratio) = match mode {
+                    Mode::Auto { ratio, .. } => (true, u64::try_from(ratio).ok()?),
+                    _ => (false, 0),
+                };
                 let mut q = 0i64;
                 let mut seen: HashMap<u64, (Vec<u64>, i64)> = HashMap::new();
                 let mut cand: Option<Candidate> = None;
-                // A reset of the peaks inside a period would make its peak that of the last
-                // period alone: such a run is played copy by copy.
-                let extend =
-                    jumps && !ops.is_empty() && !ops.iter().any(|op| matches!(op, Op::ResetPeaks));
+                let mut jumped = false;
                 while q < copies {
-                    // A state this large is not turning periodic (each copy leaves segments of
-                    // its own): unrolling is cheaper.
-                    if e.groups.len() > max_groups {
-                        return None;
-                    }
-                    if extend {
-                        q = boundary(&mut e, &mut seen, &mut cand, q, copies)?;
-                        if q >= copies {
-                            break;
+                    if let Player::Engine(e) = &mut player {
+                        // A state this large is not turning periodic (each copy leaves
+                        // segments of its own), nor one in which a trial found no period:
+                        // the allocator plays on where expanding the state costs less than
+                        // what is left of the run would cost here.
+                        let large = e.groups.len() > max_groups;
+                        if large || (!jumped && trial <= 0) {
+                            // Else the encoded state plays on: expanding it would cost
+                            // more than the rest of the run there (the budget bounds it).
+                            let blocks = e.blocks();
+                            let left = (ops.len() as u64)
+                                .saturating_mul(u64::try_from(copies - q).ok()?)
+                                .saturating_mul(ratio);
+                            if auto && blocks <= left && blocks <= budget.saturating_sub(e.rec.work)
+                            {
+                                work = e.rec.work.saturating_add(blocks);
+                                player = Player::Flat(e.to_flat()?);
+                                switches += 1;
+                                continue;
+                            }
+                            if !auto {
+                                return None;
+                            }
+                            (trial, max_groups) = (i64::MAX, usize::MAX);
+                        }
+                        if extend {
+                            let to = boundary(e, &mut seen, &mut cand, q, copies)?;
+                            jumped |= to > q;
+                            q = to;
+                            if q >= copies {
+                                break;
+                            }
                         }
                     }
-                    if e.rec.work > budget {
-                        return None;
-                    }
                     let k = if *descending { copies - q } else { 1 + q };
-                    for op in ops {
-                        e.apply(op, Some(k), n)?;
+                    match &mut player {
+                        Player::Flat(f) => {
+                            for op in ops {
+                                f.apply(op, Some(k), n)?;
+                            }
+                            work += ops.len() as u64;
+                        }
+                        Player::Engine(e) => {
+                            for op in ops {
+                                e.apply(op, Some(k), n)?;
+                            }
+                            trial -= 1;
+                        }
                     }
                     q += 1;
                     played += 1;
+                    let spent = match &player {
+                        Player::Flat(_) => work,
+                        Player::Engine(e) => e.rec.work,
+                    };
+                    if spent > budget {
+                        return None;
+                    }
                 }
-                e.rec.log = None;
+                if let Player::Engine(e) = &mut player {
+                    e.rec.log = None;
+                }
             }
         }
+        let spent = match &player {
+            Player::Flat(_) => work,
+            Player::Engine(e) => e.rec.work,
+        };
+        if spent > budget {
+            return None;
+        }
     }
+    let (max_allocated, max_reserved) = match &player {
+        Player::Flat(f) => (f.a.max_allocated(), f.a.max_reserved()),
+        Player::Engine(e) => (
+            u64::try_from(e.max_allocated).ok()?,
+            u64::try_from(e.max_reserved).ok()?,
+        ),
+    };
     Some(Peaks {
-        max_allocated: u64::try_from(e.max_allocated).ok()?,
-        max_reserved: u64::try_from(e.max_reserved).ok()?,
+        max_allocated,
+        max_reserved,
         played,
+        switches,
     })
 }
 
@@ -1644,17 +1992,47 @@ mod tests {
         let want = replay(expand(p, n), Config::default()).unwrap();
         let want = (want.max_allocated, want.max_reserved);
         let mut played = 0;
-        for jumps in [false, true] {
-            let got = run(p, u64::try_from(n).unwrap(), jumps, u64::MAX, usize::MAX).unwrap();
+        for mode in MODES {
+            let got = run(p, u64::try_from(n).unwrap(), mode, u64::MAX).unwrap();
             assert_eq!(
                 (got.max_allocated, got.max_reserved),
                 want,
-                "n {n} jumps {jumps}"
+                "n {n} {mode:?}"
             );
-            played = got.played;
+            if mode == ENGINE {
+                played = got.played;
+            }
         }
         played
     }
+
+    /// The encoded state from the start, extending runs.
+    const ENGINE: Mode = Mode::Engine {
+        jumps: true,
+        max_groups: usize::MAX,
+    };
+
+    /// Every way of playing a program: the allocator alone, the encoded state copy by copy
+    /// and extended, the caller's choice between them ([`AUTO`]), and that choice made
+    /// eagerly (every run of 4 copies or more tried, from 2 copies on, and a small state
+    /// limit) so that tests switch back and forth.
+    const MODES: [Mode; 5] = [
+        Mode::Flat,
+        Mode::Engine {
+            jumps: false,
+            max_groups: usize::MAX,
+        },
+        ENGINE,
+        AUTO,
+        EAGER,
+    ];
+
+    /// [`AUTO`] eagerly.
+    const EAGER: Mode = Mode::Auto {
+        ratio: 2,
+        trial: 2,
+        max_groups: 6,
+    };
 
     /// Blocks that each take a segment of their own (12 MiB) repeat with period one: the
     /// state is extended (a few copies of each run played), and its peaks are the allocator's
@@ -1744,6 +2122,31 @@ mod tests {
         // Five runs of 998 copies: the load's weights no longer pile up in the state.
         let played = check(&p, 1000);
         assert!(played < 100, "{played}");
+    }
+
+    /// [`AUTO`] plays runs shorter than 128 copies by the allocator alone, and a longer one
+    /// that turns periodic in the encoded state (one switch, few copies played); eagerly
+    /// ([`EAGER`]), the state is encoded at a run's start, goes back to the allocator when it
+    /// holds more than 6 items, and is encoded again for the next run. The peaks are the
+    /// allocator's throughout ([`check`]).
+    #[test]
+    fn auto_switches_exactly() {
+        let p = with_params(
+            &[10_489_856],
+            program(&[10_489_856, 36_864], &[10_485_248], 1, &[]),
+        );
+        check(&p, 57);
+        let auto = run(&p, 57, AUTO, u64::MAX).unwrap();
+        assert_eq!((auto.switches, auto.played), (0, 5 * 55));
+        let eager = run(&p, 57, EAGER, u64::MAX).unwrap();
+        assert_eq!((eager.switches, eager.played), (3, 76));
+        // Four runs of 998 copies, then of 118.
+        let p = program(&[12 * MIB], &[], 12 * MIB, &[12 * MIB]);
+        check(&p, 1000);
+        let auto = run(&p, 1000, AUTO, u64::MAX).unwrap();
+        assert_eq!((auto.switches, auto.played), (1, 23));
+        let short = run(&p, 120, AUTO, u64::MAX).unwrap();
+        assert_eq!((short.switches, short.played), (0, 4 * 118));
     }
 
     fn size() -> impl Strategy<Value = u64> {

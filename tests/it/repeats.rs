@@ -129,13 +129,11 @@ fn short_repeats_unroll() {
         device: Some(Device::Cuda),
         ..Overrides::default()
     };
-    // On CUDA its 64 layers' allocator state does not turn periodic within the extension's
-    // budget: unrolled, the same report.
-    assert!(
-        memest::estimate_symbolic(&s, "m", &cuda, None)
-            .unwrap()
-            .is_none()
-    );
+    // On CUDA its 64 layers' allocator state does not turn periodic (and a run of 62 copies
+    // is not worth encoding): the allocator plays the traced copies' program copy by copy,
+    // the report unrolling gives.
+    let (symbolic, unrolled) = both(&s, &cuda);
+    assert_eq!(symbolic, unrolled);
     let (symbolic, unrolled) = both(&deep_mlp(64, 512), &cuda);
     assert_eq!(symbolic, unrolled);
 }
