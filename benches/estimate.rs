@@ -108,7 +108,9 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// units holding repetitions): the binary 0.26-0.34 s user and 16 MB, the JSON identical to
 /// unrolling's (3.6-3.8 s user and 457 MB, load 5-8 on 2 cores); 0.23 s and 17 MB once the
 /// stretches outside the runs are played by the allocator itself (interleaved with the
-/// previous commit's 0.28-0.32 s, load 6.4). Still past the target: each filled segment costs
+/// previous commit's 0.28-0.32 s, load 6.4); task-clock (`perf stat -r 5`, interleaved, load
+/// 9.2) 342-406 -> 215-240 ms once merges compare items in place before copying them and
+/// `settle` keeps its window on the stack. Still past the target: each filled segment costs
 /// a few copies played to see the period again (29,283 copies played of the 1.1 million the
 /// step's 11 runs hold). Not re-measured with this bench.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]

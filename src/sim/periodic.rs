@@ -243,6 +243,10 @@ trait Elem: Clone {
     }
     /// A repetition of a sequence as one element of a unit (`None`: this level does not nest).
     fn wrap(item: &Item<Self>) -> Option<Self>;
+    /// Whether [`Elem::wrap`] gives an element (without making it).
+    fn wraps(item: &Item<Self>) -> bool;
+    /// The repetition this element is, if it is one.
+    fn as_item(&self) -> Option<&Item<Self>>;
 }
 
 /// The level of repetitions of `unit`.
@@ -272,6 +276,14 @@ impl Elem for Blk {
     }
 
     fn wrap(_: &Item<Self>) -> Option<Self> {
+        None
+    }
+
+    fn wraps(_: &Item<Self>) -> bool {
+        false
+    }
+
+    fn as_item(&self) -> Option<&Item<Self>> {
         None
     }
 }
@@ -401,13 +413,98 @@ impl Elem for Node {
     }
 
     fn wrap(item: &Item<Self>) -> Option<Self> {
-        match item {
-            Item::Rep {
-                many: true, unit, ..
-            } if unit_level(unit) + 1 < LEVELS => Some(Node::Grp(item.clone())),
-            _ => None,
+        Self::wraps(item).then(|| Node::Grp(item.clone()))
+    }
+
+    fn wraps(item: &Item<Self>) -> bool {
+        matches!(item, Item::Rep { many: true, unit, .. } if unit_level(unit) + 1 < LEVELS)
+    }
+
+    fn as_item(&self) -> Option<&Item<Self>> {
+        match self {
+            Node::Grp(it) => Some(it),
+            Node::Seg(_) => None,
         }
     }
+}
+
+/// An element of a unit as [`view`] would read it, borrowed: an element, or a repetition
+/// read as one ([`Elem::wrap`]).
+enum ERef<'a, T> {
+    E(&'a T),
+    I(&'a Item<T>),
+}
+
+impl<T> Clone for ERef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for ERef<'_, T> {}
+
+impl<T: Elem> ERef<'_, T> {
+    fn height(self) -> usize {
+        match self {
+            ERef::E(x) => x.height(),
+            ERef::I(Item::Rep { unit, .. }) => unit_level(unit) + 1,
+            ERef::I(Item::Free(_)) => 0,
+        }
+    }
+
+    /// [`Elem::like`] of the elements read ([`Node::Grp`] compares its repetition).
+    fn like(self, other: Self, rec: &mut Rec) -> bool {
+        match (self, other) {
+            (ERef::E(x), ERef::E(y)) => x.like(y, rec),
+            (ERef::I(x), ERef::I(y)) => item_like(x, y, rec),
+            (ERef::E(x), ERef::I(y)) => x.as_item().is_some_and(|x| item_like(x, y, rec)),
+            (ERef::I(x), ERef::E(y)) => y.as_item().is_some_and(|y| item_like(x, y, rec)),
+        }
+    }
+}
+
+/// The most elements [`view_refs`] reads: units are made of windows of at most this many.
+const MAX_UNIT: usize = if MAX_BLOCK_UNIT > MAX_SEGMENT_UNIT {
+    MAX_BLOCK_UNIT
+} else {
+    MAX_SEGMENT_UNIT
+};
+
+/// What [`view`] reads from `seq[a..a + len]`, borrowed: `None` where `view` gives `None`;
+/// `Some(None)` for a unit past [`MAX_UNIT`] elements (not read here).
+#[allow(clippy::type_complexity)]
+fn view_refs<T: Elem>(
+    seq: &[Item<T>],
+    a: usize,
+    len: usize,
+) -> Option<Option<(usize, [Option<ERef<'_, T>>; MAX_UNIT])>> {
+    let mut out: [Option<ERef<'_, T>>; MAX_UNIT] = [None; MAX_UNIT];
+    if len == 1 {
+        let Item::Rep { unit, .. } = seq.get(a)? else {
+            return None;
+        };
+        if unit.len() > MAX_UNIT {
+            return Some(None);
+        }
+        for (o, e) in out.iter_mut().zip(unit) {
+            *o = Some(ERef::E(e));
+        }
+        return Some(Some((unit.len(), out)));
+    }
+    let items = seq.get(a..a + len)?;
+    if len > MAX_UNIT {
+        return Some(None);
+    }
+    for (o, it) in out.iter_mut().zip(items) {
+        *o = Some(match it {
+            Item::Rep {
+                many: false, unit, ..
+            } if unit.len() == 1 => ERef::E(&unit[0]),
+            _ if T::wraps(it) => ERef::I(it),
+            _ => return None,
+        });
+    }
+    Some(Some((len, out)))
 }
 
 /// Whether `it` can be read as an element of a unit: a loose element, or a repetition where
@@ -535,6 +632,28 @@ fn try_merge<T: Elem>(
     if a + la + lb > seq.len() {
         return Some(false);
     }
+    // The layouts and numbers compared on the items in place first (most windows differ
+    // there), as the copies below would compare them.
+    let (Some(rx), Some(ry)) = (view_refs(seq, a, la), view_refs(seq, a + la, lb)) else {
+        return Some(false);
+    };
+    let compared = if let (Some((nx, rx)), Some((ny, ry))) = (rx, ry) {
+        let (rx, ry) = (&rx[..nx], &ry[..ny]);
+        let level = |r: &[Option<ERef<'_, T>>]| r.iter().flatten().map(|e| e.height()).max();
+        let l = level(rx).unwrap_or(0);
+        if nx != ny || l != level(ry).unwrap_or(0) || l >= LEVELS {
+            return Some(false);
+        }
+        rec.work += nx as u64;
+        for (p, q) in rx.iter().flatten().zip(ry.iter().flatten()) {
+            if !p.like(*q, rec) {
+                return Some(false);
+            }
+        }
+        true
+    } else {
+        false
+    };
     let Some((cx, mx, ux)) = view(seq, a, la) else {
         return Some(false);
     };
@@ -545,10 +664,12 @@ fn try_merge<T: Elem>(
     if ux.len() != uy.len() || l != unit_level(&uy) || l >= LEVELS {
         return Some(false);
     }
-    rec.work += ux.len() as u64;
-    for (p, q) in ux.iter().zip(&uy) {
-        if !p.like(q, rec) {
-            return Some(false);
+    if !compared {
+        rec.work += ux.len() as u64;
+        for (p, q) in ux.iter().zip(&uy) {
+            if !p.like(q, rec) {
+                return Some(false);
+            }
         }
     }
     let (mut ox, mut oy) = (Vec::new(), Vec::new());
@@ -623,17 +744,25 @@ fn settle<T: Elem>(seq: &mut Vec<Item<T>>, p: usize, maxl: usize, rec: &mut Rec)
         }
         let lo = p.saturating_sub(2 * maxl);
         let hi = (p + 2 * maxl).min(seq.len());
-        // Items readable as elements from each position (within the window).
-        let mut run = vec![0usize; hi - lo + 1];
+        // Items readable as elements from each position (within the window; kept on the
+        // stack: settling runs several times per request and free).
+        let mut runs = [0usize; WINDOW + 1];
+        let run = runs.get_mut(..=hi - lo)?;
         for i in (lo..hi).rev() {
             if elementary(&seq[i]) {
                 run[i - lo] = run[i + 1 - lo] + 1;
             }
         }
+        let run: &[usize] = run;
         let run_at = |i: usize| run.get(i.wrapping_sub(lo)).copied().unwrap_or(0);
         // Each item's key read as an element, so that windows of different layouts are passed
         // over without comparing them.
-        let keys: Vec<(u32, usize)> = seq[lo..hi].iter().map(item_key).collect();
+        let mut all_keys = [(0u32, 0usize); WINDOW];
+        let keys = all_keys.get_mut(..hi - lo)?;
+        for (k, it) in keys.iter_mut().zip(&seq[lo..hi]) {
+            *k = item_key(it);
+        }
+        let keys: &[(u32, usize)] = keys;
         let key = |from: usize, len: usize| keys.get(from - lo..from - lo + len);
         rec.work += 2 * (hi - lo) as u64;
         let mut hit = None;
@@ -691,6 +820,9 @@ fn settle<T: Elem>(seq: &mut Vec<Item<T>>, p: usize, maxl: usize, rec: &mut Rec)
         }
     }
 }
+
+/// The most items a window of [`settle`] spans: twice the largest unit on each side.
+const WINDOW: usize = 4 * MAX_UNIT;
 
 /// The most items the sequence of segments may hold at a copy boundary of a run: past it
 /// the state is not turning periodic (Llama-3.1-405B's layers leave segments of 16 MiB
@@ -875,11 +1007,13 @@ impl Engine {
         // request, ties to the lowest address (a group's first repetition, its first segment,
         // the first block). Every size compared is logged.
         let mut best: Option<(i64, Vec<usize>)> = None;
+        let mut path = Vec::with_capacity(LEVELS + 1);
         for (g, grp) in self.groups.iter().enumerate() {
             let Item::Rep { unit, .. } = grp else {
                 return None;
             };
-            let mut path = vec![g];
+            path.clear();
+            path.push(g);
             best_fit(unit, small, req, &mut path, &mut best, &mut self.rec);
         }
         let owner = Own {
