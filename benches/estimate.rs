@@ -79,7 +79,10 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 /// allocator itself plays the program of the traces of 4, 5 and 6 layers at 126 (runs of
 /// fewer than 128 copies are not encoded, `sim::periodic::AUTO`): the binary's task-clock
 /// (`perf stat -r 5`, interleaved, load 6.2) 44.7 ms on main, 55.5 ms with the encoded state
-/// tried (the previous commit), 16.5 ms now; JSON identical.
+/// tried (the previous commit), 16.5 ms now; JSON identical. This bench after: median
+/// 22.6 ms, fastest 17.6 ms (load 5.4; 31 ms on main as measured before this work). What is
+/// left toward 5 ms: the allocator plays about 124 copies of each run (~9 ms), and the three
+/// traces (4, 5, 6 layers) with their program cost the rest.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
@@ -110,9 +113,10 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// stretches outside the runs are played by the allocator itself (interleaved with the
 /// previous commit's 0.28-0.32 s, load 6.4); task-clock (`perf stat -r 5`, interleaved, load
 /// 9.2) 342-406 -> 215-240 ms once merges compare items in place before copying them and
-/// `settle` keeps its window on the stack. Still past the target: each filled segment costs
-/// a few copies played to see the period again (29,283 copies played of the 1.1 million the
-/// step's 11 runs hold). Not re-measured with this bench.
+/// `settle` keeps its window on the stack; this bench then 377-399 ms (wall, load 5.4; the
+/// CPU case 0.13-0.55 ms). Still past the target: each filled segment costs a few copies
+/// played to see the period again (29,283 copies played of the 1.1 million the step's 11 runs
+/// hold), and the encoded state's units are copied on every request and free.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
