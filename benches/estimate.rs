@@ -72,10 +72,17 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 
 /// Llama-3.1-405B's config (126 decoder layers), a training step at 8,192 tokens. Target: at
 /// most 5 ms. Measured: 50 ms median (load ~6 on 2 cores; 307 ms at load ~13 before parameter
-/// segments were retired from the allocator extension); the binary 48-55 ms user on CUDA, 0.00 s
-/// on `--device cpu` (extended from 4, 5 and 6 layers). On CUDA the extension still gives up
-/// and the layers unroll: each layer's saved activations take large segments of several sizes,
-/// interleaved copy after copy, so the allocator's state grows with every layer.
+/// segments were retired from the allocator extension); 0.00 s on `--device cpu` (extended
+/// from 4, 5 and 6 layers). On CUDA the allocator's state repeats only after many layers
+/// (each layer's 16 and 4 MiB tensors fill the 256 MiB holes its transients leave), which the
+/// encoded state does not extend; it used to unroll (the binary 40-50 ms user). Since the
+/// allocator itself plays the program of the traces of 4, 5 and 6 layers at 126 (runs of
+/// fewer than 128 copies are not encoded, `sim::periodic::AUTO`): the binary's task-clock
+/// (`perf stat -r 5`, interleaved, load 6.2) 44.7 ms on main, 55.5 ms with the encoded state
+/// tried (the previous commit), 16.5 ms now; JSON identical. This bench after: median
+/// 22.6 ms, fastest 17.6 ms (load 5.4; 31 ms on main as measured before this work). What is
+/// left toward 5 ms: the allocator plays about 124 copies of each run (~9 ms), and the three
+/// traces (4, 5, 6 layers) with their program cost the rest.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
@@ -99,11 +106,17 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// device). Target: at most 50 ms and 32 MiB RSS (the RSS is measured on the binary:
 /// `/usr/bin/time -f %M memest FILE [--device cpu]`). On the CPU it is extended symbolically from
 /// 4, 5 and 6 copies (`src/symbolic.rs`): 0.00-0.01 s user and 5.0 MiB (unrolled before: 0.49 s,
-/// 197 MB). On CUDA the block is still unrolled for the caching allocator's figures: 1.9 s user,
-/// 380 MB (measured under load 17 on 2 cores); 3.5-3.7 s user and 457 MB at load ~12, this
-/// bench 5.0 s median at load ~6. Retiring the parameters' segments gets the extension past the
-/// model load, but the activations' 2 KiB blocks then pile up by the thousand in 2 MiB small
-/// segments, a state it plays copy by copy until its budget runs out.
+/// 197 MB). On CUDA the caching allocator's state is extended too (`src/sim/periodic.rs`: the
+/// activations' 2 KiB blocks as repetitions inside their 2 MiB segments, units of segments and
+/// units holding repetitions): the binary 0.26-0.34 s user and 16 MB, the JSON identical to
+/// unrolling's (3.6-3.8 s user and 457 MB, load 5-8 on 2 cores); 0.23 s and 17 MB once the
+/// stretches outside the runs are played by the allocator itself (interleaved with the
+/// previous commit's 0.28-0.32 s, load 6.4); task-clock (`perf stat -r 5`, interleaved, load
+/// 9.2) 342-406 -> 215-240 ms once merges compare items in place before copying them and
+/// `settle` keeps its window on the stack; this bench then 377-399 ms (wall, load 5.4; the
+/// CPU case 0.13-0.55 ms). Still past the target: each filled segment costs a few copies
+/// played to see the period again (29,283 copies played of the 1.1 million the step's 11 runs
+/// hold), and the encoded state's units are copied on every request and free.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
@@ -165,6 +178,9 @@ fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
 /// One estimate of Llama-2-7B's config in inference at 4,096 tokens and batch 1 with an 80 GB
 /// budget: what `llama_2_7b_max_batch` is compared with. Measured: 7.6 ms median (load ~6; 40 ms
 /// at load ~13 while the CUDA allocator extension still gave up and the 32 layers unrolled).
+/// The binary: 0.00-0.01 s user before the allocator state held repetitions of blocks and
+/// nested units, 0.02-0.03 s after (load ~5): a request or free costs more, and 115 of the
+/// 120 copies of its runs are still played.
 #[divan::bench(sample_count = 20)]
 fn llama_2_7b_infer(bencher: divan::Bencher) {
     let src = example("hf/llama-2-7b.json");

@@ -104,6 +104,23 @@ impl Config {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockId(usize);
 
+impl BlockId {
+    /// The block's slot: a small number, reused once the block is merged away or freed and
+    /// taken again (a key for tables beside the allocator).
+    pub(crate) fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// One segment of [`CachingAllocator::segments`]: its pool and its blocks in address order,
+/// each its size and, when handed out, its id.
+pub(crate) struct SegmentBlocks {
+    /// In the small pool.
+    pub small: bool,
+    /// (size, the block when handed out), in address order.
+    pub blocks: Vec<(u64, Option<BlockId>)>,
+}
+
 /// One block of a segment: handed out, free (cached), or for an expandable segment unmapped.
 #[derive(Clone, Copy, Debug)]
 struct Block {
@@ -257,6 +274,109 @@ impl CachingAllocator {
         }
         self.insert_free(b);
         Ok(())
+    }
+
+    /// The segments in address order, each with its blocks in address order (for a
+    /// default configuration: no expandable segments, every block mapped).
+    pub(crate) fn segments(&self) -> Vec<SegmentBlocks> {
+        let mut dead = vec![false; self.blocks.len()];
+        for &i in &self.spare {
+            dead[i] = true;
+        }
+        let mut heads: Vec<usize> = (0..self.blocks.len())
+            .filter(|&i| !dead[i] && self.blocks[i].prev.is_none())
+            .collect();
+        heads.sort_by_key(|&i| self.blocks[i].addr);
+        heads
+            .into_iter()
+            .map(|h| {
+                let mut blocks = Vec::new();
+                let mut b = Some(h);
+                while let Some(i) = b {
+                    let blk = &self.blocks[i];
+                    blocks.push((blk.size, blk.allocated.then_some(BlockId(i))));
+                    b = blk.next;
+                }
+                SegmentBlocks {
+                    small: self.blocks[h].small,
+                    blocks,
+                }
+            })
+            .collect()
+    }
+
+    /// Adds a segment above the others made of `blocks` in address order (size, handed
+    /// out), as if it had been taken and split so (a default configuration only); its bytes
+    /// count as reserved, and as allocated for the blocks handed out. Returns the handed-out
+    /// blocks' ids in order.
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] when a size or an address passes 64 bits; [`Error::Internal`] for
+    /// an empty segment, a block of no bytes, or two free blocks side by side (the allocator
+    /// would have merged them).
+    pub(crate) fn push_segment(
+        &mut self,
+        small: bool,
+        blocks: &[(u64, bool)],
+    ) -> Result<Vec<BlockId>, Error> {
+        let bad = blocks.is_empty()
+            || blocks.iter().any(|&(size, _)| size == 0)
+            || blocks.windows(2).any(|w| !w[0].1 && !w[1].1);
+        if bad {
+            return Err(Error::Internal("a segment rebuilt from a bad layout"));
+        }
+        let total = blocks
+            .iter()
+            .try_fold(0u64, |a, &(size, _)| a.checked_add(size))
+            .ok_or_else(overflow)?;
+        let mut addr = self.next_addr;
+        self.next_addr = addr
+            .checked_add(total)
+            .and_then(|a| a.checked_add(SEGMENT_GAP_BYTES))
+            .ok_or_else(overflow)?;
+        self.add_reserved(total)?;
+        let mut ids = Vec::new();
+        let mut prev = None;
+        for &(size, allocated) in blocks {
+            let b = self.new_block(Block {
+                addr,
+                size,
+                prev,
+                next: None,
+                allocated,
+                mapped: true,
+                small,
+                expandable: None,
+            });
+            if let Some(p) = prev {
+                self.blocks[p].next = Some(b);
+            }
+            if allocated {
+                self.allocated = self.allocated.checked_add(size).ok_or_else(overflow)?;
+                ids.push(BlockId(b));
+            } else {
+                self.insert_free(b);
+            }
+            addr += size;
+            prev = Some(b);
+        }
+        self.max_allocated = self.max_allocated.max(self.allocated);
+        Ok(ids)
+    }
+
+    /// Sets the stats: bytes of blocks handed out and of segments held that the allocator
+    /// does not keep as blocks (segments that can take no further part), and the peaks.
+    pub(crate) fn set_stats(
+        &mut self,
+        allocated: u64,
+        reserved: u64,
+        max_allocated: u64,
+        max_reserved: u64,
+    ) {
+        self.allocated = allocated;
+        self.reserved = reserved;
+        self.max_allocated = max_allocated;
+        self.max_reserved = max_reserved;
     }
 
     fn pool(small: bool) -> usize {

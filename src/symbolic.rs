@@ -31,9 +31,9 @@
 //! relative to the block's copies; the three records must be one program (the same operations
 //! outside the middle copies, one template per run of middle copies), which must give each
 //! trace's own peaks exactly; the program is then played at `N` copies by
-//! [`crate::sim::periodic`], which extends the allocator's state where it is provably periodic
-//! and otherwise plays copy by copy within a budget. Past the budget, with expandable segments,
-//! or on any mismatch: `None`, and the caller unrolls.
+//! [`crate::sim::periodic`], which plays it by the allocator itself, and on runs long enough
+//! extends the allocator's state where it is provably periodic, within a budget. Past the
+//! budget, with expandable segments, or on any mismatch: `None`, and the caller unrolls.
 //!
 //! `--timeline` and `--explain` need every event or the live set, so they unroll
 //! ([`crate::estimate_observed`]).
@@ -618,9 +618,9 @@ fn leaf_agrees(r: [&Value; 3], out: &Value, n: u64) -> bool {
     }
 }
 
-/// The most blocks the allocator's extension visits for one count ([`periodic::run`]'s
-/// budget; about 20 ms in a release build): past it the state is not periodic enough to
-/// extend, and the caller unrolls.
+/// The most work (operations played by the allocator, blocks visited in the encoded state)
+/// for one count ([`periodic::run`]'s budget; about 20 ms in a release build): past it the
+/// caller unrolls.
 const ALLOCATOR_BUDGET: u64 = 20_000_000;
 
 /// The most blocks the allocator's extension visits per operation that unrolling would replay
@@ -632,9 +632,9 @@ const MIN_ALLOCATOR_BUDGET: u64 = 1_000_000;
 
 /// The caching allocator's peaks at `n` copies: the three traces' recorded operations become
 /// one program ([`periodic::Stretch`]: what happens outside the middle copies, and per run of
-/// middle copies one template), which must replay each trace's own figures exactly, copy by
-/// copy and extended; then it is played at `n` copies ([`periodic::run`]). `None` on any
-/// mismatch.
+/// middle copies one template), which must replay each trace's own figures exactly (played
+/// by the allocator); then it is played at `n` copies ([`periodic::run`], extended where that
+/// pays). `None` on any mismatch.
 fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     let mut sites = HashMap::new();
     let raw: Vec<Vec<Raw>> = traced
@@ -645,13 +645,11 @@ fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     let program = unify(&raw)?;
     for (t, m) in traced.iter().zip(TRACED) {
         let want = t.sim.allocator?;
-        for jumps in [false, true] {
-            let p = periodic::run(&program, m, jumps, ALLOCATOR_BUDGET)?;
-            if (p.max_allocated, p.max_reserved)
-                != (want.allocated_peak_bytes, want.reserved_peak_bytes)
-            {
-                return None;
-            }
+        let p = periodic::run(&program, m, periodic::Mode::Flat, ALLOCATOR_BUDGET)?;
+        if (p.max_allocated, p.max_reserved)
+            != (want.allocated_peak_bytes, want.reserved_peak_bytes)
+        {
+            return None;
         }
     }
     // What unrolling would replay: the budget is a few block visits per operation, so that a
@@ -663,7 +661,7 @@ fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     let budget = ops
         .saturating_mul(VISITS_PER_OPERATION)
         .clamp(MIN_ALLOCATOR_BUDGET, ALLOCATOR_BUDGET);
-    let p = periodic::run(&program, n, true, budget)?;
+    let p = periodic::run(&program, n, periodic::AUTO, budget)?;
     Some(AllocatorPeaks {
         allocated_peak_bytes: p.max_allocated,
         reserved_peak_bytes: p.max_reserved,
