@@ -183,10 +183,17 @@ fn llama_2_7b_infer(bencher: divan::Bencher) {
 
 /// `--max-batch` on Llama-2-7B's config, inference at 4,096 tokens with an 80 GB budget, to
 /// compare with one estimate of the same query (`llama_2_7b_infer`). Target: at most 3 times one
-/// estimate. Measured: 23.1 ms median, 3.0 times `llama_2_7b_infer` (load ~6): four estimates
-/// (1, 2, the crossing 18, and 19), as the search's lines follow the device figure the budget
-/// checks; before, 469 ms and 11.7 times (load ~13), twelve estimates along the tensor peak. The
-/// binary, interleaved: 87-97 -> 20-25 ms user with `--max-batch`, 7.5 -> 5-6 ms without.
+/// estimate. The search probes batches 1, 2, the crossing 18, and 19. Each probe was a whole
+/// estimate, its 32 layers extended from traces of 4, 5 and 6 (three traces, three
+/// simulations, the CUDA allocator's program played at 32 copies): 4.2 times one estimate
+/// (19.9 ms, quiet). Now the probes share one `search::Prober`: the model traced whole (at 32
+/// layers cheaper than extending), batch 1 and 65,536 traced once and the other batches' tapes
+/// derived from them, so a probe is a derivation, a simulation and a report. Measured
+/// 2026-12-02 at load ~9 (2 cores), interleaved, median: before 60.7 and 51.4 ms against
+/// `llama_2_7b_infer` 13.9 and 12.8 ms (4.4 and 4.0 times); after 27.2 and 40.0 ms against
+/// 12.6 and 17.0 ms (2.2 and 2.4 times). The binary (`perf stat -r 10`, task-clock, same
+/// load): with `--max-batch` 19.1 and 25.6 -> 16.3 and 15.4 ms, without 8.3 and 8.6 -> 8.5 and
+/// 7.4 ms. What is left is the simulation, a third of it the caching allocator's replay.
 #[divan::bench(sample_count = 3, sample_size = 1)]
 fn llama_2_7b_max_batch(bencher: divan::Bencher) {
     let src = example("hf/llama-2-7b.json");
