@@ -89,8 +89,8 @@ pub(crate) struct Prober<'a> {
     dim: Dimension,
     /// The tape at batch 1, once traced.
     base: Option<crate::trace::Tape>,
-    /// The tape at [`WITNESS_BATCH`], once traced.
-    witness: Option<crate::trace::Tape>,
+    /// The tapes at other batches, from batch 1's and [`WITNESS_BATCH`]'s traces.
+    batched: Option<crate::trace::derive::Batched>,
     /// Cleared when tapes are not to be derived (the witness fails to trace, or the two traces
     /// are not batch-proportional): every batch is then traced.
     derive: bool,
@@ -118,7 +118,7 @@ impl<'a> Prober<'a> {
             budget,
             dim,
             base: None,
-            witness: None,
+            batched: None,
             derive: dim == Dimension::Batch,
         })
     }
@@ -135,10 +135,13 @@ impl<'a> Prober<'a> {
             Source::Base => self.base.as_ref().ok_or(crate::Error::Internal(
                 "the prober's tape at batch 1 is traced before it is used",
             ))?,
-            Source::Derived(t) => {
-                derived = *t;
-                &derived
-            }
+            Source::Derived => self
+                .batched
+                .as_ref()
+                .map(crate::trace::derive::Batched::tape)
+                .ok_or(crate::Error::Internal(
+                    "the prober's tapes are derived once it has them",
+                ))?,
             Source::Trace => {
                 let t = crate::trace::trace(&model, &settings)?;
                 if self.derive && batch == 1 {
@@ -166,7 +169,7 @@ impl<'a> Prober<'a> {
     /// Where the tape at `batch` comes from: batch 1's as traced, or derived from batch 1's and
     /// the witness's (traced on first use), or traced.
     fn source(&mut self, batch: u64) -> Source {
-        use crate::trace::derive::{NotDerived, at_batch};
+        use crate::trace::derive::{Batched, NotDerived};
         if !self.derive {
             return Source::Trace;
         }
@@ -176,29 +179,28 @@ impl<'a> Prober<'a> {
         if batch == 1 {
             return Source::Base;
         }
-        if self.witness.is_none() {
+        if self.batched.is_none() {
             let o = self.overrides_at(Some(WITNESS_BATCH));
-            let traced = crate::prepare(self.spec, self.name, &o)
-                .and_then(|(model, settings)| crate::trace::trace(&model, &settings));
-            match traced {
-                Ok(t) => self.witness = Some(t),
-                Err(_) => {
+            let batched = crate::prepare(self.spec, self.name, &o)
+                .and_then(|(model, settings)| crate::trace::trace(&model, &settings))
+                .ok()
+                .and_then(|w| Batched::new((1, base), (WITNESS_BATCH, &w)).ok());
+            match batched {
+                Some(b) => self.batched = Some(b),
+                None => {
                     self.derive = false;
                     return Source::Trace;
                 }
             }
         }
-        let Some(witness) = self.witness.as_ref() else {
-            return Source::Trace;
-        };
-        match at_batch((1, base), (WITNESS_BATCH, witness), batch) {
-            Ok(t) => Source::Derived(Box::new(t)),
-            Err(NotDerived::NotProportional) => {
+        match self.batched.as_mut().map(|b| b.at(batch).map(|_| ())) {
+            Some(Ok(())) => Source::Derived,
+            Some(Err(NotDerived::NotProportional)) | None => {
                 self.derive = false;
-                self.witness = None;
+                self.batched = None;
                 Source::Trace
             }
-            Err(NotDerived::Large) => Source::Trace,
+            Some(Err(NotDerived::Large)) => Source::Trace,
         }
     }
 }
@@ -207,8 +209,8 @@ impl<'a> Prober<'a> {
 enum Source {
     /// The tape at batch 1, as traced.
     Base,
-    /// A tape derived from batch 1's and the witness's.
-    Derived(Box<crate::trace::Tape>),
+    /// The prober's derived tape, rewritten for the batch asked for.
+    Derived,
     /// A fresh trace.
     Trace,
 }

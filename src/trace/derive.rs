@@ -209,6 +209,129 @@ pub fn at_batch(
     })
 }
 
+/// Tapes at any batch from two traces, the check of [`at_batch`] made once: a copy of the
+/// first trace whose batch-proportional sizes are rewritten in place for each batch asked for,
+/// without rebuilding the tape (a probe of a search then costs its simulation alone).
+pub struct Batched {
+    tape: Tape,
+    rules: Vec<Rule>,
+}
+
+/// The sizes of one shape (or one scratch size) that are `k` per sample: `(index, k)`.
+struct Rule {
+    target: Target,
+    per_sample: Vec<(usize, u64)>,
+}
+
+/// What a [`Rule`] rewrites.
+#[derive(Clone, Copy)]
+enum Target {
+    Storage(StorageId),
+    Value(ValueId),
+    Layer(super::tape::LayerId),
+    Input,
+    /// A step's scratch sizes, in forward (`false`) or backward (`true`).
+    Scratch(usize, bool),
+}
+
+impl Batched {
+    /// As [`at_batch`]'s check, on `t0` at batch `b0` and `t1` at batch `b1`.
+    ///
+    /// # Errors
+    /// [`NotDerived::NotProportional`] where [`at_batch`] gives it.
+    pub fn new((b0, t0): (u64, &Tape), (b1, t1): (u64, &Tape)) -> Result<Batched, NotDerived> {
+        let tape = at_batch((b0, t0), (b1, t1), b0).map_err(|_| NotDerived::NotProportional)?;
+        // The check passed: a size that differs is `k · b0` in `t0`.
+        let per = |s0: &[u64], s1: &[u64]| -> Vec<(usize, u64)> {
+            s0.iter()
+                .zip(s1)
+                .enumerate()
+                .filter(|(_, (x0, x1))| x0 != x1)
+                .map(|(i, (x0, _))| (i, x0 / b0))
+                .collect()
+        };
+        let mut rules = Vec::new();
+        let mut push = |target, per_sample: Vec<(usize, u64)>| {
+            if !per_sample.is_empty() {
+                rules.push(Rule { target, per_sample });
+            }
+        };
+        for (i, (a, b)) in t0.storages.iter().zip(t1.storages.iter()).enumerate() {
+            push(
+                Target::Storage(StorageId::from(i)),
+                per(a.shape.dims(), b.shape.dims()),
+            );
+        }
+        for (i, (a, b)) in t0.values.iter().zip(t1.values.iter()).enumerate() {
+            push(
+                Target::Value(ValueId::from(i)),
+                per(a.shape.dims(), b.shape.dims()),
+            );
+        }
+        for (i, (a, b)) in t0.layers.iter().zip(t1.layers.iter()).enumerate() {
+            push(
+                Target::Layer(super::tape::LayerId::from(i)),
+                per(a.output_shape.dims(), b.output_shape.dims()),
+            );
+        }
+        push(
+            Target::Input,
+            per(t0.input_shape.dims(), t1.input_shape.dims()),
+        );
+        for (i, (a, b)) in t0.steps.iter().zip(&t1.steps).enumerate() {
+            push(Target::Scratch(i, false), per(&a.scratch.0, &b.scratch.0));
+            push(Target::Scratch(i, true), per(&a.scratch.1, &b.scratch.1));
+        }
+        Ok(Batched { tape, rules })
+    }
+
+    /// The tape as last rewritten by [`Batched::at`] (at first, the first trace's).
+    #[must_use]
+    pub fn tape(&self) -> &Tape {
+        &self.tape
+    }
+
+    /// The tape at batch `at`: what [`at_batch`] gives, rewritten in place.
+    ///
+    /// # Errors
+    /// [`NotDerived::Large`] as [`at_batch`] (the tape is then rewritten again on next use).
+    pub fn at(&mut self, at: u64) -> Result<&Tape, NotDerived> {
+        if at == 0 {
+            return Err(NotDerived::NotProportional);
+        }
+        let reshape = |shape: &mut Shape, per_sample: &[(usize, u64)]| -> Result<(), NotDerived> {
+            let mut dims = shape.dims().to_vec();
+            for &(i, k) in per_sample {
+                dims[i] = small(k.checked_mul(at))?;
+            }
+            *shape = Shape::from_slice(&dims);
+            Ok(())
+        };
+        let t = &mut self.tape;
+        for r in &self.rules {
+            match r.target {
+                Target::Storage(id) => {
+                    let s = &mut t.storages[id];
+                    reshape(&mut s.shape, &r.per_sample)?;
+                    let numel = small(s.shape.numel())?;
+                    s.bytes = small(s.dtype.bytes_for(numel))?;
+                }
+                Target::Value(id) => reshape(&mut t.values[id].shape, &r.per_sample)?,
+                Target::Layer(id) => reshape(&mut t.layers[id].output_shape, &r.per_sample)?,
+                Target::Input => reshape(&mut t.input_shape, &r.per_sample)?,
+                Target::Scratch(step, backward) => {
+                    let s = &mut t.steps[step].scratch;
+                    let sizes = if backward { &mut s.1 } else { &mut s.0 };
+                    for &(i, k) in &r.per_sample {
+                        sizes[i] = small(k.checked_mul(at))?;
+                    }
+                }
+            }
+        }
+        Ok(&self.tape)
+    }
+}
+
 fn storage_at(a: &Storage, b: &Storage, x: Batches) -> Result<Storage, NotDerived> {
     let Storage {
         bytes,
@@ -393,6 +516,22 @@ mod tests {
         // A dimension proportional to the batch (a flattened `[B·S]`).
         let t = at_batch((1, &tape(1, |b| 5 * b)), (9, &tape(9, |b| 5 * b)), 4).unwrap();
         assert_eq!(t.input_shape.dims(), &[4, 20]);
+    }
+
+    #[test]
+    fn batched_rewrites_as_at_batch_derives() {
+        let width = |b: u64| 5 * b;
+        let (t1, t9) = (tape(1, width), tape(9, width));
+        let mut batched = Batched::new((1, &t1), (9, &t9)).unwrap();
+        for b in [4, 2, 1000, 1] {
+            let once = at_batch((1, &t1), (9, &t9), b).unwrap();
+            assert_eq!(format!("{:?}", batched.at(b).unwrap()), format!("{once:?}"));
+        }
+        assert_eq!(batched.at(LARGE).unwrap_err(), NotDerived::Large);
+        assert_eq!(
+            format!("{:?}", batched.at(3).unwrap()),
+            format!("{:?}", tape(3, width))
+        );
     }
 
     #[test]

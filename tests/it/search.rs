@@ -7,7 +7,7 @@ use memest::report::Dimension;
 use memest::settings::{Device, Mode, Overrides, Settings};
 use memest::spec::{Format, ModelSpec};
 use memest::trace::Tape;
-use memest::trace::derive::{NotDerived, at_batch};
+use memest::trace::derive::{Batched, NotDerived, at_batch};
 use serde_json::Value;
 
 use crate::common::path;
@@ -67,8 +67,9 @@ fn text(t: &Tape) -> String {
 
 /// Every bundled model and config, in training and in inference on CUDA (the model files also
 /// in training on the CPU), traced at batch 1 and at the search's witness batch (65,536): the
-/// tape derived at 3 and 1,000 is the tape traced there, to the last field, or the derivation
-/// is refused.
+/// tape derived at 3 and 1,000 (by `at_batch`, and rewritten in place by `Batched` as the
+/// search's prober does) is the tape traced there, to the last field, or the derivation is
+/// refused.
 #[test]
 fn derived_tapes_equal_fresh_traces() {
     let w = memest::search::WITNESS_BATCH;
@@ -102,6 +103,8 @@ fn derived_tapes_equal_fresh_traces() {
                 refused.push(case);
                 continue;
             };
+            // The prober's form: checked once, rewritten in place per batch.
+            let mut batched = Batched::new((1, &t1), (w, &tw)).ok();
             for b in [3, 1000] {
                 let d = match at_batch((1, &t1), (w, &tw), b) {
                     Ok(d) => d,
@@ -113,6 +116,12 @@ fn derived_tapes_equal_fresh_traces() {
                 };
                 let (_, fresh) = trace(&spec, &o, b).expect("traces where 1 and 65,536 do");
                 assert!(text(&d) == text(&fresh), "{case} at {b}");
+                let rewritten = batched
+                    .as_mut()
+                    .expect("checked as at_batch")
+                    .at(b)
+                    .unwrap();
+                assert!(text(rewritten) == text(&fresh), "{case} at {b}, rewritten");
                 derived += 1;
             }
         }
