@@ -130,10 +130,11 @@ fn derived_tapes_equal_fresh_traces() {
     // at batch 1 (`t > 1 && n > 1` in `trace/ops/rnn.rs`: another program), and on the CPU
     // oneDNN's workspace is rounded up to 4 KiB pages (a staircase in the batch); Qwen2-VL's
     // vision tower attends per image, so its operators grow with the batch (at 65,536 past the
-    // operator cap). The LayerNorm/GELU encoders and decoders below (BERT, GPT-2, ViT, CLIP,
-    // DINOv2, SigLIP, Whisper, StarCoder, LLaVA's CLIP tower) derived on c075da5 and are
-    // refused since main's e8cff35/26124c1: their traces at 1 and 65,536 differ other than by
-    // size (not yet investigated; refusing is exact, it only costs a trace per probe).
+    // operator cap). The models that add learned position embeddings `[1, S, H]` to the
+    // batch's (BERT, GPT-2, ViT, CLIP, DINOv2, SigLIP, Whisper, StarCoder, LLaVA's CLIP tower):
+    // since e8cff35 that `add` passes its gradient on as a view at batch 1, where nothing is
+    // broadcast, and not at 65,536 (`Step::view_grad`, gpt2.toml's step 2): another program at
+    // batch 1, refused (exact; it costs a trace per probe).
     assert_eq!(
         refused,
         [
