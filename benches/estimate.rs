@@ -199,10 +199,20 @@ fn llama_2_7b_infer(bencher: divan::Bencher) {
 
 /// `--max-batch` on Llama-2-7B's config, inference at 4,096 tokens with an 80 GB budget, to
 /// compare with one estimate of the same query (`llama_2_7b_infer`). Target: at most 3 times one
-/// estimate. Measured: 23.1 ms median, 3.0 times `llama_2_7b_infer` (load ~6): four estimates
-/// (1, 2, the crossing 18, and 19), as the search's lines follow the device figure the budget
-/// checks; before, 469 ms and 11.7 times (load ~13), twelve estimates along the tensor peak. The
-/// binary, interleaved: 87-97 -> 20-25 ms user with `--max-batch`, 7.5 -> 5-6 ms without.
+/// estimate. The search probes batches 1, 2, the crossing 18, and 19. Each probe was a whole
+/// estimate, its 32 layers extended from traces of 4, 5 and 6 (three traces, three
+/// simulations, the CUDA allocator's program played at 32 copies): 4.2 times one estimate
+/// (19.9 ms, quiet). Now the probes share one `search::Prober`: the model traced whole (at 32
+/// layers cheaper than extending), batch 1 and 65,536 traced once, and each other batch's
+/// tape rewritten in place from them (`trace::derive::Batched`), so a probe is a simulation
+/// and a report. Measured 2026-12-02 on 2 shared cores, interleaved, median (one estimate in
+/// parentheses): before 60.7, 51.4 ms (13.9, 12.8; load ~9) and 47.4, 40.3 ms (12.7, 10.9;
+/// load ~5.7): 3.7 to 4.4 times; with the tapes rebuilt per probe (`at_batch`) 28.8, 36.3 ms
+/// (9.5, 11.7; load ~5.7); rewritten in place 21.3, 26.3 ms (8.5, 15.9; load ~5.7): 1.7 to 2.5
+/// times. The binary (`perf stat -r 10`, task-clock, load ~5.7, with `--max-batch` / without):
+/// before 27.9 / 9.8 and 25.2 / 11.0 ms, rebuilt 18.4 / 6.6 and 20.5 / 9.1 ms, in place
+/// 12.4 / 7.9 and 10.4 / 9.2 ms. What is left is the four simulations, a third of each the
+/// caching allocator's replay.
 #[divan::bench(sample_count = 3, sample_size = 1)]
 fn llama_2_7b_max_batch(bencher: divan::Bencher) {
     let src = example("hf/llama-2-7b.json");

@@ -127,7 +127,16 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
     } else {
         query.observe
     };
-    let mut report = estimate_observed(spec, name, o, query.budget, observe)?;
+    // A search's estimates, the one at the size asked for included, share one prober (the
+    // micro-batch's tapes derived from two traces).
+    let mut prober = match (query.search, query.budget) {
+        (Some(dimension), Some(budget)) => search::Prober::new(spec, name, o, budget, dimension),
+        _ => None,
+    };
+    let mut report = match &mut prober {
+        Some(p) => p.at(None)?,
+        None => estimate_observed(spec, name, o, query.budget, observe)?,
+    };
     let mut search_warnings = Vec::new();
     if let Some(dimension) = query.search {
         let budget = query.budget.ok_or_else(|| {
@@ -146,7 +155,13 @@ pub fn run(spec: &spec::ModelSpec, name: &str, query: &Query) -> Result<Report, 
             })?,
         };
         // The report at the size asked for is the search's estimate at `start`.
-        let found = search::max_fitting(spec, name, o, budget, dimension, (start, Some(&report)));
+        let found = search::max_fitting_with(
+            prober.as_mut(),
+            (spec, name, o),
+            budget,
+            dimension,
+            (start, Some(&report)),
+        );
         let mut largest = found.as_ref().map(|(v, _)| *v);
         if let Some((v, r)) = found {
             report = r;
@@ -485,15 +500,15 @@ fn spec_has_dim(spec: &spec::ModelSpec, d: &spec::DimSpec) -> bool {
     spec.input.shape.contains(d) || spec.inputs.values().any(|i| i.shape.contains(d))
 }
 
-fn estimate_with(
+/// The model and the settings an estimate traces with, as [`estimate_spec`] checks them before
+/// tracing (a sequence length without a `"seq"` dimension set to none, `--mode generate`
+/// refused for models it does not model).
+pub(crate) fn prepare(
     spec: &spec::ModelSpec,
     name: &str,
     overrides: &settings::Overrides,
-    budget: Option<u64>,
-    observe: sim::Observe,
-    repeats: Repeats,
-) -> Result<Option<Report>, Error> {
-    let mut model = graph::build(spec, name)?;
+) -> Result<(graph::Model, settings::Settings), Error> {
+    let model = graph::build(spec, name)?;
     let mut settings = settings::Settings::resolve(&model.defaults, overrides)?;
     if let Some(plan) = &mut settings.parallel {
         plan.fill_auto(spec.hidden_size.or_else(|| hidden_size(&spec.layers)))?;
@@ -523,6 +538,20 @@ fn estimate_with(
                 "--mode generate is not modelled for image+text models (this one splices image features into the text with `masked_scatter`: LLaVA, Qwen2-VL); estimate the prefill as one inference pass with --mode infer",
             ));
         }
+    }
+    Ok((model, settings))
+}
+
+fn estimate_with(
+    spec: &spec::ModelSpec,
+    name: &str,
+    overrides: &settings::Overrides,
+    budget: Option<u64>,
+    observe: sim::Observe,
+    repeats: Repeats,
+) -> Result<Option<Report>, Error> {
+    let (mut model, settings) = prepare(spec, name, overrides)?;
+    if settings.mode == settings::Mode::Generate {
         // Generation is not extended symbolically.
         if repeats == Repeats::SymbolicOnly {
             return Ok(None);

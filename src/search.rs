@@ -22,10 +22,31 @@ pub fn max_fitting(
     dim: Dimension,
     (start, known): (u64, Option<&Report>),
 ) -> Option<(u64, Report)> {
+    let mut prober = Prober::new(spec, name, overrides, budget, dim);
+    max_fitting_with(
+        prober.as_mut(),
+        (spec, name, overrides),
+        budget,
+        dim,
+        (start, known),
+    )
+}
+
+/// [`max_fitting`] with the estimates made by `prober` where there is one.
+pub(crate) fn max_fitting_with(
+    mut prober: Option<&mut Prober>,
+    (spec, name, overrides): (&ModelSpec, &str, &Overrides),
+    budget: u64,
+    dim: Dimension,
+    (start, known): (u64, Option<&Report>),
+) -> Option<(u64, Report)> {
     largest_fitting(
         |v| {
             if let Some(r) = known.filter(|_| v == start) {
                 return Some(r.clone());
+            }
+            if let Some(p) = prober.as_deref_mut() {
+                return p.at(Some(v)).ok();
             }
             let mut o = overrides.clone();
             match dim {
@@ -38,13 +59,179 @@ pub fn max_fitting(
     )
 }
 
+/// The most layers, each copy of a repeated block counted, that a search's prober traces whole:
+/// Llama-3.1-405B's config (126 decoder layers of 10 layers each, 1,266 in all) is below it,
+/// a 100,000-copy repeat far above (it is extended from a few copies per estimate, as
+/// [`crate::estimate_spec`] does).
+pub const PROBER_LAYERS: u64 = 4096;
+
+/// The second batch a search's prober traces the micro-batch at, after batch 1, to derive the
+/// tapes of the others from (see [`crate::trace::derive`]): far enough that a size rounded up
+/// to any multiple up to 65,536 (pages, padding, capacities) is not taken for a proportional
+/// one.
+pub const WITNESS_BATCH: u64 = 1 << 16;
+
+/// The estimates of one model at the sizes a search tries (`--max-batch`, `--max-context`), as
+/// [`crate::estimate_spec`] gives them, for less. The model is traced whole at each size
+/// (every copy of a repeated block: on models of up to [`PROBER_LAYERS`] layers this costs
+/// less than extending a few copies, which gives the same report to the byte, as
+/// `tests/it/repeats.rs` checks). For the micro-batch, the tapes at batch 1 and at
+/// [`WITNESS_BATCH`] are traced once, and the tape at any other batch is derived from them
+/// ([`crate::trace::derive::at_batch`]: sizes proportional to the batch, everything else
+/// equal), so that a probe costs the simulation and the report alone; where the two traces do
+/// not allow it, every batch is traced. The caching allocator's replay is not linear in the
+/// batch: it runs for every probe.
+pub(crate) struct Prober<'a> {
+    spec: &'a ModelSpec,
+    name: &'a str,
+    overrides: &'a Overrides,
+    budget: u64,
+    dim: Dimension,
+    /// The tape at batch 1, once traced.
+    base: Option<crate::trace::Tape>,
+    /// The tapes at other batches, from batch 1's and [`WITNESS_BATCH`]'s traces.
+    batched: Option<crate::trace::derive::Batched>,
+    /// Cleared when tapes are not to be derived (the witness fails to trace, or the two traces
+    /// are not batch-proportional): every batch is then traced.
+    derive: bool,
+}
+
+impl<'a> Prober<'a> {
+    /// A prober for `dim` around `overrides` (the size asked for), or `None` where each
+    /// estimate is better made whole by [`crate::estimate_spec`]: generation (two passes),
+    /// a multi-GPU plan (a second trace under tensor or context parallelism; an expert
+    /// capacity factor), more than [`PROBER_LAYERS`] layers, or a model or settings that fail
+    /// (the estimate reports why).
+    pub(crate) fn new(
+        spec: &'a ModelSpec,
+        name: &'a str,
+        overrides: &'a Overrides,
+        budget: u64,
+        dim: Dimension,
+    ) -> Option<Self> {
+        let (model, settings) = crate::prepare(spec, name, overrides).ok()?;
+        let plain = settings.mode != crate::settings::Mode::Generate && settings.parallel.is_none();
+        (plain && unrolled_layers(&model.layers) <= PROBER_LAYERS).then_some(Prober {
+            spec,
+            name,
+            overrides,
+            budget,
+            dim,
+            base: None,
+            batched: None,
+            derive: dim == Dimension::Batch,
+        })
+    }
+
+    /// The estimate at `v` (`None`: at the size asked for), with the budget.
+    ///
+    /// # Errors
+    /// As [`crate::estimate_spec`].
+    pub(crate) fn at(&mut self, v: Option<u64>) -> Result<Report, crate::Error> {
+        let (model, settings) = crate::prepare(self.spec, self.name, &self.overrides_at(v))?;
+        let batch = settings.batch;
+        let derived;
+        let tape = match self.source(batch) {
+            Source::Base => self.base.as_ref().ok_or(crate::Error::Internal(
+                "the prober's tape at batch 1 is traced before it is used",
+            ))?,
+            Source::Derived => self
+                .batched
+                .as_ref()
+                .map(crate::trace::derive::Batched::tape)
+                .ok_or(crate::Error::Internal(
+                    "the prober's tapes are derived once it has them",
+                ))?,
+            Source::Trace => {
+                let t = crate::trace::trace(&model, &settings)?;
+                if self.derive && batch == 1 {
+                    &*self.base.insert(t)
+                } else {
+                    derived = t;
+                    &derived
+                }
+            }
+        };
+        let sim = crate::sim::simulate(tape, &settings)?;
+        Report::new(&model.name, &settings, tape, &sim, Some(self.budget))
+    }
+
+    fn overrides_at(&self, v: Option<u64>) -> Overrides {
+        let mut o = self.overrides.clone();
+        match (v, self.dim) {
+            (Some(v), Dimension::Batch) => o.batch = Some(v),
+            (Some(v), Dimension::Context) => o.seq = Some(v),
+            (None, _) => {}
+        }
+        o
+    }
+
+    /// Where the tape at `batch` comes from: batch 1's as traced, or derived from batch 1's and
+    /// the witness's (traced on first use), or traced.
+    fn source(&mut self, batch: u64) -> Source {
+        use crate::trace::derive::{Batched, NotDerived};
+        if !self.derive {
+            return Source::Trace;
+        }
+        let Some(base) = self.base.as_ref() else {
+            return Source::Trace;
+        };
+        if batch == 1 {
+            return Source::Base;
+        }
+        if self.batched.is_none() {
+            let o = self.overrides_at(Some(WITNESS_BATCH));
+            let batched = crate::prepare(self.spec, self.name, &o)
+                .and_then(|(model, settings)| crate::trace::trace(&model, &settings))
+                .ok()
+                .and_then(|w| Batched::new((1, base), (WITNESS_BATCH, &w)).ok());
+            match batched {
+                Some(b) => self.batched = Some(b),
+                None => {
+                    self.derive = false;
+                    return Source::Trace;
+                }
+            }
+        }
+        match self.batched.as_mut().map(|b| b.at(batch).map(|_| ())) {
+            Some(Ok(())) => Source::Derived,
+            Some(Err(NotDerived::NotProportional)) | None => {
+                self.derive = false;
+                self.batched = None;
+                Source::Trace
+            }
+            Some(Err(NotDerived::Large)) => Source::Trace,
+        }
+    }
+}
+
+/// Where [`Prober::at`] takes a tape from.
+enum Source {
+    /// The tape at batch 1, as traced.
+    Base,
+    /// The prober's derived tape, rewritten for the batch asked for.
+    Derived,
+    /// A fresh trace.
+    Trace,
+}
+
+/// The layers of `layers` with every copy of a block counted (at most `u64::MAX`).
+fn unrolled_layers(layers: &[crate::graph::Layer]) -> u64 {
+    layers.iter().fold(0u64, |n, l| match &l.node {
+        crate::graph::Node::Repeat { count, body, .. } => {
+            n.saturating_add(count.saturating_mul(unrolled_layers(body)))
+        }
+        crate::graph::Node::Op(_) => n.saturating_add(1),
+    })
+}
+
 /// The largest `v ≥ 1` whose estimate fits its budget, from 1 or, when 1 does not fit or is
 /// invalid, from `start`. Values whose estimate fails (an invalid shape, a size overflow) count
 /// as not fitting; the search goes no higher than 2^40. Estimates grow with batch and context,
 /// so the answer is the `v` that fits while `v + 1` does not: see [`bracket`] for how it is
 /// found in a few estimates.
 pub fn largest_fitting(
-    estimate_at: impl Fn(u64) -> Option<Report>,
+    mut estimate_at: impl FnMut(u64) -> Option<Report>,
     start: u64,
 ) -> Option<(u64, Report)> {
     bracket(
@@ -98,8 +285,8 @@ pub struct Probe {
 /// step multiplies the value by at most 1024; when three estimates have not halved the bracket,
 /// the next one does. An affine estimate takes four estimates (1, 2, the crossing, one past it)
 /// where doubling and bisection take about twice the answer's bit length.
-pub fn bracket<T>(eval: impl Fn(u64) -> Option<(Probe, T)>, start: u64) -> Option<(u64, T)> {
-    let fits = |v: u64| eval(v).filter(|(p, _)| p.fits);
+pub fn bracket<T>(mut eval: impl FnMut(u64) -> Option<(Probe, T)>, start: u64) -> Option<(u64, T)> {
+    let mut fits = |v: u64| eval(v).filter(|(p, _)| p.fits);
     let (mut lo, mut lo_probe, mut lo_value) = match fits(1) {
         Some((p, t)) => (1, p, t),
         None => {

@@ -14,6 +14,7 @@ pub mod aten;
 mod attention;
 mod call;
 mod deberta;
+pub mod derive;
 mod elementwise;
 mod mla;
 mod moe;

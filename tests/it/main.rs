@@ -20,6 +20,8 @@
 //!   `--expandable-segments`, an EMA copy).
 //! - `pipeline`: pipeline stages against measured `torch.distributed.pipelining` runs, the
 //!   schedules' micro-batches in flight, expert parallelism.
+//! - `search`: `--max-batch`/`--max-context` through `memest::run` against the search one
+//!   estimate at a time, and the micro-batch's derived tapes against fresh traces.
 //! - `common`: running the binary (assert_cmd), temporary model files (tempfile), JSON helpers.
 
 mod common;
@@ -42,6 +44,7 @@ mod recipes;
 mod reference;
 mod repeats;
 mod schema;
+mod search;
 mod serve;
 mod snapshots;
 mod tp;
