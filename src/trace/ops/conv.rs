@@ -112,6 +112,9 @@ pub(crate) struct OnednnConv {
     pub large_kernel: bool,
     /// The element type.
     pub dtype: DType,
+    /// The input is channels-last ([`Layout::ChannelsLast`]): PyTorch then passes input and
+    /// output to oneDNN as they are (`mkldnn_conv_use_channels_last`).
+    pub channels_last: bool,
 }
 
 /// Which gradients a convolution's backward returns (`output_mask` of
@@ -149,6 +152,7 @@ impl OnednnConv {
             dilated: c.axes.iter().any(|a| a.dilation != 1),
             large_kernel: c.axes.len() >= 2 && c.axes.iter().rev().take(2).all(|a| a.kernel > 3),
             dtype,
+            channels_last: false,
         })
     }
 
@@ -240,14 +244,17 @@ pub(crate) fn onednn_transients(
     } else {
         w
     };
+    let gx = if grads.input { x } else { 0 };
+    let gw = if grads.weight { w } else { 0 };
+    let gb = if grads.bias { b(c.cout)? } else { 0 };
+    if c.channels_last {
+        return channels_last_transients(c, block, (w, w_b), (gx, gw, gb));
+    }
     let fwd = x_b
         .checked_add(w_b)?
         .checked_add(y_b)?
         .max(y_b.checked_add(y)?)
         - y;
-    let gx = if grads.input { x } else { 0 };
-    let gw = if grads.weight { w } else { 0 };
-    let gb = if grads.bias { b(c.cout)? } else { 0 };
     let mut busiest = 0u64;
     if grads.input {
         busiest = y_b
@@ -269,6 +276,64 @@ pub(crate) fn onednn_transients(
             .checked_add(gw)?
             .checked_add(gb)?;
         busiest = busiest.max(during).max(after);
+    }
+    let returned = gx.checked_add(gw)?.checked_add(gb)?;
+    Some((fwd, busiest.saturating_sub(returned)))
+}
+
+/// [`onednn_transients`] for a channels-last input (`mkldnn_conv_use_channels_last`): input,
+/// output and their gradients are handed to oneDNN as they are, so only the weight moves.
+/// Measured (PyTorch 2.15, oneDNN 3.13.3, AVX-512), in order:
+/// - forward: the weight made channels-last (`weight.contiguous(ChannelsLast)`, a copy `w_cl`
+///   unless it already is one: one input channel per group or a 1×1 kernel) beside the output,
+///   then reordered (`w_b`): `w_cl + w_b` beside the output;
+/// - backward: `w_cl` for the whole call; data: the input gradient (made channels-last) and
+///   `w_b`; weights: the blocked weight gradient `gw_b`, the bias gradient, then the plain
+///   weight gradient and its channels-last copy (`.to(ChannelsLast)`, the one returned):
+///   `w_cl + gx + gw_b + 2·gb + 2·gw`.
+///
+/// `gw_b` is `w_b`, except for a depthwise convolution with a kernel over 3, whose weight
+/// gradient oneDNN computes with the grouped direct kernel (`jit:avx512_core`, weights
+/// `aBCde16c16b`): each group's one input and one output channel padded to the block,
+/// `G·block²·∏k` (38,535,168 B for a 768-channel 7×7 one, as ConvNeXt's last stage has).
+/// Scratchpads are not modelled.
+fn channels_last_transients(
+    c: &OnednnConv,
+    block: u64,
+    (w, w_b): (u64, u64),
+    (gx, gw, gb): (u64, u64, u64),
+) -> Option<(u64, u64)> {
+    let per_group_in = c.cin / c.groups.max(1);
+    let w_cl = if per_group_in == 1 || c.one_by_one {
+        0
+    } else {
+        w
+    };
+    let fwd = w_cl.checked_add(w_b)?;
+    let depthwise = c.groups > 1 && c.groups == c.cin && c.cout == c.cin;
+    let gw_b = if depthwise && !c.small_kernel {
+        c.dtype.bytes_for(
+            c.groups
+                .checked_mul(block)?
+                .checked_mul(block)?
+                .checked_mul(c.kernel)?,
+        )?
+    } else if c.groups == 1 || depthwise {
+        w_b
+    } else {
+        w
+    };
+    let mut busiest = 0u64;
+    if gx > 0 {
+        busiest = w_cl.checked_add(gx)?.checked_add(w_b)?;
+    }
+    if gw > 0 || gb > 0 {
+        let after = w_cl
+            .checked_add(gx)?
+            .checked_add(gw_b)?
+            .checked_add(gb.checked_mul(2)?)?
+            .checked_add(gw.checked_mul(2)?)?;
+        busiest = busiest.max(after);
     }
     let returned = gx.checked_add(gw)?.checked_add(gb)?;
     Some((fwd, busiest.saturating_sub(returned)))
@@ -318,7 +383,9 @@ impl Tracer<'_> {
                 )?);
             } else {
                 let ys = self.val(y).shape.clone();
-                let conv = OnednnConv::new(c, &xs, &ys, dtype);
+                let channels_last = self.val(xc).layout == Layout::ChannelsLast;
+                let conv =
+                    OnednnConv::new(c, &xs, &ys, dtype).map(|k| OnednnConv { channels_last, ..k });
                 let training = self.training();
                 let grads = OnednnGrads {
                     input: training && self.rg(xc),
@@ -326,6 +393,10 @@ impl Tracer<'_> {
                     bias: training && bc.is_some_and(|b| self.rg(b)),
                 };
                 if let Some(conv) = conv.filter(|k| k.uses_onednn()) {
+                    if conv.channels_last {
+                        // oneDNN writes the output in the input's channels-last layout.
+                        self.tape.values[y].layout = Layout::ChannelsLast;
+                    }
                     let (fwd, bwd) = onednn_transients(&conv, ONEDNN_BLOCK, grads)
                         .ok_or_else(|| Error::Overflow("a oneDNN reorder's size".into()))?;
                     cpu_scratch = (vec![fwd], if bwd > 0 { vec![bwd] } else { Vec::new() });
@@ -488,6 +559,25 @@ mod tests {
             onednn_transients(&dw7, 16, no_bias).map(|t| t.1),
             Some(602_112)
         );
+    }
+
+    #[test]
+    fn onednn_channels_last_moves_only_the_weight() {
+        // ConvNeXt's downsampling: Conv2d(96, 192, 2, stride=2) on a channels-last [2, 96, 28,
+        // 28] (x = 602,112 B, y = 301,056 B, w = 294,912 B). Measured: forward +294,912 w_cl
+        // +301,056 y (+12,336 scratchpad) +294,912 w_b; backward +294,912 w_cl +602,112 gx
+        // +294,912 w_b (+356,400 scratchpad), then +294,912 gw_b +768 gb +768 gb +294,912 gw
+        // +294,912 gw_cl: 1,783,296 B, the returned 602,112 + 294,912 + 768 beside 885,504.
+        let mut down = onednn((2, 96, 192, 1), (28, 2, 2, 0), true);
+        down.channels_last = true;
+        assert_eq!(onednn_transients(&down, 16, ALL), Some((589_824, 885_504)));
+        // ConvNeXt's depthwise 7×7 over 96 channels on a channels-last [2, 96, 14, 14]: forward
+        // +18,816 w_b beside the output; backward +150,528 gx, then the padded weight gradient
+        // 96·16·16·49·4 = 4,816,896 B, +384 +384 gb, +18,816 gw, +18,816 gw_cl.
+        let mut dw = onednn((2, 96, 96, 96), (14, 7, 1, 3), true);
+        dw.channels_last = true;
+        // 4,816,896 + 384 + 18,816 beside the returned gradients.
+        assert_eq!(onednn_transients(&dw, 16, ALL), Some((18_816, 4_836_096)));
     }
 
     #[test]
