@@ -835,7 +835,9 @@ impl Tracer<'_> {
             (false, _) => Layout::HeadsTransposed,
             (true, l @ (Layout::HeadsTransposed | Layout::SeqFirst | Layout::Contiguous)) => l,
             (true, Layout::HeadsStrided) => Layout::HeadsTransposed,
-            (true, Layout::LastTwoSwapped | Layout::Strided) => Layout::Contiguous,
+            (true, Layout::LastTwoSwapped | Layout::ChannelsLast | Layout::Strided) => {
+                Layout::Contiguous
+            }
         };
         let lse_len = if self.s.device == Device::Cuda && kernel == SdpaKernel::Efficient && rg {
             checked(

@@ -230,9 +230,25 @@ impl Tracer<'_> {
             ))
         })?;
         let dtype = promote(av.dtype, bv.dtype);
+        let layout = self.elementwise_layout(&[a, b], &shape);
         let y = self.fresh(shape, dtype, "output", av.requires_grad || bv.requires_grad)?;
+        self.tape.values[y].layout = layout;
         self.call(Call::new(AtenOp::Mul, vec![a, b], vec![y]))?;
         Ok(y)
+    }
+
+    /// The layout `TensorIterator` gives an elementwise operator's fresh output: channels-last
+    /// when the first input of the output's whole shape is (broadcast inputs, such as a `[C, 1,
+    /// 1]` scale, do not decide), else contiguous.
+    pub(super) fn elementwise_layout(&self, inputs: &[ValueId], shape: &Shape) -> Layout {
+        match inputs
+            .iter()
+            .map(|&v| self.val(v))
+            .find(|v| &v.shape == shape)
+        {
+            Some(v) if v.layout == Layout::ChannelsLast => Layout::ChannelsLast,
+            _ => Layout::Contiguous,
+        }
     }
 
     /// Elementwise sum: saves nothing. In place, the result lives in the first input's memory.
@@ -267,12 +283,15 @@ impl Tracer<'_> {
             let vv = self.val(v);
             vv.shape == shape && vv.dtype == dtype
         });
+        let layout = self.elementwise_layout(inputs, &shape);
         let y = if inplace {
-            let y = self.view_of(inputs[0], shape, Layout::Contiguous);
+            let y = self.view_of(inputs[0], shape, layout);
             self.tape.values[y].requires_grad = rg;
             y
         } else {
-            self.fresh(shape, dtype, "output", rg)?
+            let y = self.fresh(shape, dtype, "output", rg)?;
+            self.tape.values[y].layout = layout;
+            y
         };
         let op = if inplace {
             AtenOp::AddInplace

@@ -110,6 +110,10 @@ pub enum Layout {
     /// `[B, heads, S, head_dim]` heads split out of a fused QKV projection `[B, S, 3H]`: the
     /// dimension order of [`Layout::HeadsTransposed`], with gaps between rows.
     HeadsStrided,
+    /// `[B, C, H, W]` laid out as `[B, H, W, C]` (PyTorch's `channels_last` memory format): a
+    /// contiguous `[B, H, W, C]` tensor permuted by `(0, 3, 1, 2)`, and what elementwise
+    /// operators make from one (`TensorIterator` gives the output its input's layout).
+    ChannelsLast,
     /// Any other strided view.
     Strided,
 }

@@ -320,7 +320,9 @@ impl Tracer<'_> {
             false,
             false,
         );
+        let layout = self.elementwise_layout(&[x], &xv.shape);
         let y = self.fresh(xv.shape.clone(), xv.dtype, "output", xv.requires_grad)?;
+        self.tape.values[y].layout = layout;
         let call = Call::new(AtenOp::Mul, vec![x, noise_v], vec![y]);
         self.call(call.allocs(vec![noise]))?;
         Ok(y)

@@ -164,7 +164,14 @@ impl Tracer<'_> {
         let xv = self.val(x).clone();
         let shape = self.shaped(permute_shape(c, &xv.shape))?;
         let identity = c.dims.iter().enumerate().all(|(i, &j)| i == j);
-        let layout = if identity { xv.layout } else { Layout::Strided };
+        // `[B, H, W, C]` contiguous, permuted to `[B, C, H, W]`, is channels-last, and
+        // permuted back it is contiguous again (ConvNeXt's `Permute` around its LayerNorm).
+        let layout = match (xv.layout, c.dims.as_slice()) {
+            _ if identity => xv.layout,
+            (Layout::Contiguous, [0, 3, 1, 2]) => Layout::ChannelsLast,
+            (Layout::ChannelsLast, [0, 2, 3, 1]) => Layout::Contiguous,
+            _ => Layout::Strided,
+        };
         Ok(self.view_op(x, shape, layout, AtenOp::Permute, true))
     }
 
