@@ -278,6 +278,10 @@ pub struct Cli {
     /// GPUs per node: the shard group of --fsdp hybrid-shard (default 8).
     #[arg(long, value_parser = parse_positive, help_heading = "Several GPUs")]
     gpus_per_node: Option<u64>,
+    /// FSDP2's MixedPrecisionPolicy reduce_dtype: the dtype gradients are reduce-scattered in
+    /// (default: the parameters' own dtype, float32 under --recipe mixed-bf16). Needs --fsdp.
+    #[arg(long, value_enum, value_name = "DTYPE", help_heading = "Several GPUs")]
+    reduce_dtype: Option<memest::parallel::ReduceDtype>,
     /// DeepSpeed's reduce_bucket_size, in elements (default 500000000).
     #[arg(long, value_parser = parse_positive, value_name = "ELEMENTS", help_heading = "Several GPUs")]
     reduce_bucket_size: Option<u64>,
@@ -756,6 +760,7 @@ impl Cli {
             gradient_as_bucket_view: self.gradient_as_bucket_view,
             gpus_per_node: self.gpus_per_node,
             reduce_bucket_size: self.reduce_bucket_size,
+            reduce_dtype: self.reduce_dtype,
             offload: self.offload,
             // The searches vary the world size, which a config's train_batch_size would fix.
             config: config.clone().map(|c| memest::parallel::ConfigPlan {

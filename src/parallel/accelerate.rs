@@ -13,7 +13,10 @@
 //!   memest models FSDP2 only and names any other version in a note;
 //! - `mixed_precision`: under FSDP a `MixedPrecisionPolicy` with 16-bit `param_dtype` over
 //!   float32 shards (memest's `mixed-bf16`/`mixed-fp16` recipes), under DeepSpeed its
-//!   `bf16`/`fp16` section (`DeepSpeedPlugin.set_mixed_precision`), else autocast (`--amp`).
+//!   `bf16`/`fp16` section (`DeepSpeedPlugin.set_mixed_precision`), else autocast (`--amp`);
+//!   under FSDP the policy's `reduce_dtype` is that 16-bit dtype too
+//!   (`FullyShardedDataParallelPlugin.set_mixed_precision`: `{"param_dtype": dtype,
+//!   "reduce_dtype": dtype}`), so gradients are reduce-scattered in it.
 
 use serde_json::{Map, Value};
 
@@ -236,6 +239,7 @@ pub fn read(text: &str) -> Result<AccelerateConfig, Error> {
             if let Some(c) = truthy(f, "fsdp_config", "fsdp_activation_checkpointing")? {
                 plan.checkpoint = Some(c);
             }
+            plan.fsdp_reduce_dtype = half;
             plan.recipe = half.map(|d| {
                 if d == DType::Float16 {
                     RecipeName::MixedFp16
@@ -477,6 +481,7 @@ mod tests {
             Some(ConfigEngine::Fsdp(FsdpStrategy::ShardGradOp, Some(false)))
         );
         assert_eq!(c.plan.recipe, Some(RecipeName::MixedBf16));
+        assert_eq!(c.plan.fsdp_reduce_dtype, Some(DType::Bfloat16));
         assert_eq!(c.plan.checkpoint, Some(true));
         assert!(c.plan.notes.is_empty(), "{:?}", c.plan.notes);
     }

@@ -119,6 +119,7 @@ pub fn candidates(flags: &PlanFlags, gpus: u64, splits: Splits) -> Vec<PlanFlags
         gradient_as_bucket_view: false,
         offload: None,
         reduce_bucket_size: None,
+        reduce_dtype: None,
         config: flags.config.clone().map(|mut cfg| {
             if !matches!(cfg.engine, Some(super::ConfigEngine::Zero(_))) {
                 cfg.engine = None;
@@ -138,6 +139,7 @@ pub fn candidates(flags: &PlanFlags, gpus: u64, splits: Splits) -> Vec<PlanFlags
     };
     let fsdp = |strategy: FsdpStrategy, offload: Option<OffloadFlag>, b: &PlanFlags| PlanFlags {
         fsdp: Some(strategy),
+        reduce_dtype: flags.reduce_dtype,
         offload,
         ..b.clone()
     };

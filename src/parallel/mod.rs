@@ -440,6 +440,18 @@ pub struct Fsdp {
     /// Ranks one shard group spans: all data-parallel ranks, or the GPUs of one node under
     /// `hybrid-shard` (the rest replicate), or 1 under `no-shard`.
     pub shard_group: u64,
+    /// `MixedPrecisionPolicy.reduce_dtype` (`--reduce-dtype`): the dtype of the
+    /// reduce-scatter, or `None` for PyTorch's default. `FSDPParamGroup._get_reduce_dtype`
+    /// (`torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`) returns it when set, else
+    /// promotes over the parameters' gradient accumulation dtype (their original dtype: float32
+    /// under a 16-bit `param_dtype`). `foreach_reduce`
+    /// (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`) allocates the
+    /// reduce-scatter input and output in it, and `_cast_and_view_sharded_grads` casts the
+    /// output to each parameter's sharded gradient dtype when they differ. Not in the JSON
+    /// plan (the `mixed-*` recipe and the figures say it).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub reduce_dtype: Option<DType>,
 }
 
 /// FSDP sharding strategies (FSDP1's `ShardingStrategy` names; FSDP2 expresses them with
@@ -487,6 +499,7 @@ impl Fsdp {
             strategy,
             reshard_after_forward,
             shard_group,
+            reduce_dtype: None,
         }
     }
 }
@@ -698,6 +711,12 @@ pub struct ConfigPlan {
     pub recipe: Option<crate::cost::RecipeName>,
     /// Autocast (accelerate's `mixed_precision` under DDP).
     pub amp: Option<crate::cost::Amp>,
+    /// FSDP's `MixedPrecisionPolicy.reduce_dtype` as the file implies it: accelerate's
+    /// `mixed_precision: bf16|fp16` under FSDP builds
+    /// `MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)`
+    /// (`FullyShardedDataParallelPlugin.set_mixed_precision` in
+    /// `accelerate/utils/dataclasses.py`, accelerate 1.15). `--reduce-dtype` overrides it.
+    pub fsdp_reduce_dtype: Option<DType>,
     /// DeepSpeed's `data_types.grad_accum_dtype` is `fp32` (with `bf16` at ZeRO-1 it selects
     /// `BF16_Optimizer`, which memest does not model: [`PlanFlags::resolve`] refuses it).
     pub grad_accum_fp32: bool,
@@ -762,6 +781,39 @@ impl ConfigNote {
     }
 }
 
+/// `--reduce-dtype`: the dtype FSDP2 reduces gradients in (`MixedPrecisionPolicy.reduce_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ReduceDtype {
+    /// `torch.float32`.
+    Fp32,
+    /// `torch.bfloat16`: half the reduce-scatter of float32.
+    Bf16,
+    /// `torch.float16`.
+    Fp16,
+}
+
+impl ReduceDtype {
+    /// The element type.
+    #[must_use]
+    pub fn dtype(self) -> DType {
+        match self {
+            ReduceDtype::Fp32 => DType::Float32,
+            ReduceDtype::Bf16 => DType::Bfloat16,
+            ReduceDtype::Fp16 => DType::Float16,
+        }
+    }
+}
+
+impl std::fmt::Display for ReduceDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReduceDtype::Fp32 => "fp32",
+            ReduceDtype::Bf16 => "bf16",
+            ReduceDtype::Fp16 => "fp16",
+        })
+    }
+}
+
 /// The parallel flags as given (`--gpus`, `--ddp`, `--zero`, `--fsdp` and their options),
 /// before they are checked and made a [`Plan`].
 #[derive(Clone, Debug, Default)]
@@ -782,6 +834,8 @@ pub struct PlanFlags {
     pub gpus_per_node: Option<u64>,
     /// `--reduce-bucket-size` (DeepSpeed `reduce_bucket_size`, elements).
     pub reduce_bucket_size: Option<u64>,
+    /// `--reduce-dtype` (FSDP2 `MixedPrecisionPolicy.reduce_dtype`; needs `--fsdp`).
+    pub reduce_dtype: Option<ReduceDtype>,
     /// `--offload`.
     pub offload: Option<OffloadFlag>,
     /// `--deepspeed FILE` or `--accelerate FILE`, read; the flags above override it.
@@ -968,6 +1022,11 @@ impl PlanFlags {
             Some(ConfigEngine::Fsdp(s, _)) if !engine_given => Some(s),
             _ => None,
         });
+        if let (Some(r), None) = (self.reduce_dtype, fsdp_strategy) {
+            return Err(err(format!(
+                "--reduce-dtype {r} is FSDP's MixedPrecisionPolicy.reduce_dtype: it needs --fsdp"
+            )));
+        }
         if self.gpus_per_node.is_some() && fsdp_strategy != Some(FsdpStrategy::HybridShard) {
             return Err(err(
                 "--gpus-per-node sets the hybrid-shard group: it needs --fsdp hybrid-shard".into(),
@@ -1046,6 +1105,15 @@ impl PlanFlags {
             {
                 f.reshard_after_forward = r;
             }
+            f.reduce_dtype = self
+                .reduce_dtype
+                .map(ReduceDtype::dtype)
+                .or(match cfg_engine {
+                    Some(ConfigEngine::Fsdp(s, _)) if s == strategy => {
+                        cfg.and_then(|c| c.fsdp_reduce_dtype)
+                    }
+                    _ => None,
+                });
             Sharding::Fsdp(f)
         } else {
             let mut d = Ddp::default();
@@ -1091,6 +1159,7 @@ impl PlanFlags {
             // The shard group spans data-parallel ranks only.
             let mut g = Fsdp::new(f.strategy, dp, self.gpus_per_node.unwrap_or(8));
             g.reshard_after_forward = f.reshard_after_forward;
+            g.reduce_dtype = f.reduce_dtype;
             *f = g;
         }
         plan.offload = match self.offload {

@@ -91,6 +91,10 @@ pub(super) struct Unit {
     /// copy the copy-in makes of each before casting it into the float32 reduce-scatter input
     /// (see [`Dist::new`]); 0 when the gradients are in the reduce dtype already.
     pub reduce_cast_bytes: u64,
+    /// FSDP2 with a `reduce_dtype` other than the sharded gradients' dtype: the reduce-scatter
+    /// output in the reduce dtype (shard-sized), live while `_cast_and_view_sharded_grads`
+    /// casts it into the sharded gradients' own buffer; 0 when the gradients view the output.
+    pub reduce_output_cast_bytes: u64,
     /// Its parameters in the order its steps first read them: storage, whole elements and
     /// whole bytes.
     pub params: Vec<(StorageId, u64, u64)>,
@@ -808,25 +812,41 @@ impl Dist {
                     // each gradient's padded chunks in its own dtype before writing it into the
                     // float32 input, one gradient at a time (measured: one block the size of
                     // each gradient, freed before the next).
+                    //
+                    // An explicit `reduce_dtype` (`--reduce-dtype`) replaces that promotion
+                    // (`_get_reduce_dtype` returns it first): the reduce-scatter input and output
+                    // are in it, and a gradient already in it is copied in without a cast
+                    // (`foreach_reduce_scatter_copy_in`: a group of one dtype runs `_chunk_cat`
+                    // straight into the input; not at the peak of the measured case, the tiny
+                    // Llama under `mixed-bf16` with `reduce_dtype=bfloat16`, whose peak is the
+                    // loss's backward). When it differs from the sharded gradients' dtype
+                    // (bfloat16 against the float32 shards), `_cast_and_view_sharded_grads` casts
+                    // the shard-sized output into a new buffer the sharded gradients view, and
+                    // the output is freed after: both live at once.
                     let dtype_of: HashMap<ValueId, DType> =
                         trainable.iter().map(|t| (t.value, t.dtype)).collect();
                     for u in &mut dist.units {
                         u.gather_buffer = true;
                         let mut buffer = 0u64;
                         let mut cast = 0u64;
-                        for &(v, whole, _) in &u.grads {
+                        let mut output = 0u64;
+                        for &(v, whole, shard) in &u.grads {
                             let d = dtype_of.get(&v).copied().unwrap_or(DType::Float32);
-                            let (g, r) = (grad_dtype(d), at_rest(d));
-                            if g == r {
-                                buffer = buffer.saturating_add(whole);
-                            } else {
-                                let numel = whole / g.bytes_for(1).unwrap_or(1).max(1);
-                                buffer = buffer.saturating_add(bytes_of(r, numel));
+                            let (g, sharded) = (grad_dtype(d), at_rest(d));
+                            let r = f.reduce_dtype.unwrap_or(sharded);
+                            let numel = whole / g.bytes_for(1).unwrap_or(1).max(1);
+                            buffer = buffer.saturating_add(bytes_of(r, numel));
+                            if g != r {
                                 cast = cast.max(whole);
+                            }
+                            if r != sharded {
+                                let shard_numel = shard / sharded.bytes_for(1).unwrap_or(1).max(1);
+                                output = output.saturating_add(bytes_of(r, shard_numel));
                             }
                         }
                         u.reduce_buffer_bytes = buffer;
                         u.reduce_cast_bytes = cast;
+                        u.reduce_output_cast_bytes = output;
                     }
                 }
             }
@@ -1138,6 +1158,7 @@ fn units(
         gather_buffer: false,
         reduce_buffer_bytes: 0,
         reduce_cast_bytes: 0,
+        reduce_output_cast_bytes: 0,
         params: Vec::new(),
     };
     for (range, block) in ranges {
@@ -1164,6 +1185,7 @@ fn units(
                 gather_buffer: false,
                 reduce_buffer_bytes: 0,
                 reduce_cast_bytes: 0,
+                reduce_output_cast_bytes: 0,
                 params: Vec::new(),
             };
             for i in piece {

@@ -375,8 +375,19 @@ impl<'a> Replay<'a> {
                 }
             }
         }
-        // The reduce-scatter output holds the unit's gradient shards (views of one tensor).
+        // The reduce-scatter output holds the unit's gradient shards (views of one tensor), or,
+        // in a reduce dtype of its own, is cast into the tensor they view and then freed.
+        let output = d.units[u].reduce_output_cast_bytes;
+        if output > 0 {
+            self.add(Category::CommBuffers, output);
+            self.heap_alloc(Key::Transient, output);
+        }
         self.heap_alloc(Key::ShardGrads(u), shards);
+        if output > 0 {
+            self.check(Phase::Backward, layer, At::Communication);
+            self.sub(Category::CommBuffers, output);
+            self.heap_free(Key::Transient);
+        }
         self.sub(Category::CommBuffers, buffer);
         self.heap_free(Key::ReduceBuffer(u));
     }

@@ -486,7 +486,52 @@ fn fsdp_cpu_offload() {
     );
 }
 
-/// The accelerate configs are the flags they stand for.
+/// `--reduce-dtype` is FSDP's: refused without it, the flag's error named; with it, a
+/// bfloat16 reduce-scatter under `mixed-bf16` lowers the measured peak (its figures are in
+/// `tests/it/dist.rs`), and `fp32` is PyTorch's default for float32 parameters.
+#[test]
+fn reduce_dtype_needs_fsdp() {
+    for engine in [&["--gpus", "2"][..], &["--gpus", "2", "--zero", "2"]] {
+        let mut a = engine.to_vec();
+        a.extend(["--reduce-dtype", "bf16"]);
+        let out = memest(&with(&a));
+        assert_eq!(code(&out), 2, "{a:?}");
+        assert!(
+            stderr(&out).contains(
+                "--reduce-dtype bf16 is FSDP's MixedPrecisionPolicy.reduce_dtype: it needs --fsdp"
+            ),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let base = [
+        LLAMA,
+        "--seq",
+        "128",
+        "--device",
+        "cpu",
+        "--batch",
+        "2",
+        "--optim",
+        "adamw",
+        "--gpus",
+        "2",
+        "--fsdp",
+        "full-shard",
+        "--recipe",
+        "mixed-bf16",
+    ];
+    let peak = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        u(&report(&a), "peak_bytes")
+    };
+    assert_eq!(peak(&[]), peak(&["--reduce-dtype", "fp32"]));
+    assert!(peak(&["--reduce-dtype", "bf16"]) < peak(&[]));
+}
+
+/// The accelerate configs are the flags they stand for (FSDP with `mixed_precision: bf16`:
+/// accelerate's policy reduces in bfloat16 too, `--reduce-dtype bf16`).
 #[test]
 fn accelerate_configs_are_their_flags() {
     let cases: [(&str, &[&str]); 3] = [
@@ -499,6 +544,8 @@ fn accelerate_configs_are_their_flags() {
                 "full-shard",
                 "--recipe",
                 "mixed-bf16",
+                "--reduce-dtype",
+                "bf16",
             ],
         ),
         (
