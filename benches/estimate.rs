@@ -154,6 +154,13 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 /// before the work at 717-953 ms (unnamed) and 800-850 ms (named). What is left is mostly
 /// memory: each `LayerSpec` is 1,288 bytes with one optional field per key (129 MB for 100,000
 /// layers, alive for the whole estimate), and each traced step allocates its small vectors.
+/// Both done since (boxed kind keys, `LayerKeys`; in-place `IdList`s in each `Step`); the
+/// binary, `/usr/bin/time` user+sys, three runs interleaved at load ~6 (2026-12-02 05:57),
+/// main -> boxed keys -> both: unnamed TOML 1.07-1.15 -> 0.71-0.87 -> 0.78-0.82 s, named JSON
+/// 0.92-1.07 -> 0.77-0.81 -> 0.68-0.77 s; max RSS 253 -> 160 -> 154 MB (TOML), 258 -> 149 ->
+/// 143 MB (JSON); page faults 92,827 -> 53,803 -> 52,015 (TOML), 65,436 -> 38,095 -> 36,308
+/// (JSON). Not met still: of the binary's time (perf, unnamed TOML) toml's own document
+/// parse is a fifth, the tracer a fifth, the replay a fifth (CUDA allocator model included).
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");
@@ -235,7 +242,10 @@ fn llama_2_7b_max_batch(bencher: divan::Bencher) {
 /// median (fastest), before -> after the flat-layer work: parse 498 ms (472) -> 317 ms (292),
 /// build 314 (292) -> 259 (168), trace 252 (247) -> 70 (63), simulate 216 (156) -> 188 (153),
 /// report 38 (38) -> 21 (18). Earlier on a quiet machine: parse 240, build 143, trace 117,
-/// simulate 112, report 20.
+/// simulate 112, report 20. Main before the boxed kind keys and the in-place step lists, load
+/// ~6.5 (05:10): parse 986 ms (954), build 360 (344), trace 379 (317), simulate 322 (319),
+/// report 72 (68); after: not measured here (the bench's own release build did not finish
+/// under load ~9; see `flat_layers` for the binary).
 #[divan::bench(args = ["parse", "build", "trace", "simulate", "report"], sample_count = 3, sample_size = 1)]
 fn flat_layers_stage(bencher: divan::Bencher, stage: &str) {
     let mut src = String::from("[input]\nshape = [16]\n");

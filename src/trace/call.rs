@@ -3,7 +3,7 @@
 //! ([`AtenOp::spec`]), and which inputs receive a gradient.
 
 use super::aten::{SaveRule, Saved};
-use super::{AtenOp, Error, Step, StorageId, StorageKind, Tracer, ValueId};
+use super::{AtenOp, Error, IdList, Step, StorageId, StorageKind, Tracer, ValueId};
 
 /// One operator as the tracer records it. What it saves is not written here: it follows from
 /// [`AtenOp::saves`].
@@ -86,8 +86,8 @@ impl Tracer<'_> {
     /// [`Error::Overflow`] when the clone's size does not fit in 64 bits.
     pub(super) fn call(&mut self, c: Call) -> Result<(), Error> {
         let SaveRule { always, each_other } = c.op.saves();
-        let mut allocs = c.allocs;
-        let mut saves = Vec::new();
+        let mut allocs = IdList::from(c.allocs);
+        let mut saves = IdList::new();
         // Outside training, or when nothing it reads requires a gradient, autograd records no
         // node and saves nothing ([`Tracer::push`]); an auxiliary tensor made only for backward
         // (a norm's statistics) may then be absent. The clone of an in-place operator is still
@@ -123,8 +123,8 @@ impl Tracer<'_> {
         self.push_with(
             Step {
                 op: c.op,
-                inputs: c.inputs,
-                outputs: c.outputs,
+                inputs: c.inputs.into(),
+                outputs: c.outputs.into(),
                 allocs,
                 saves,
                 view_grad: c.view_grad,

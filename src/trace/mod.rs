@@ -36,8 +36,8 @@ use call::Call;
 pub use aten::AtenOp;
 pub use params::lora_entry_matches;
 pub use tape::{
-    BlockCopies, LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage, StorageId,
-    StorageKind, Tape, Value, ValueId,
+    BlockCopies, IdList, LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage,
+    StorageId, StorageKind, Tape, Value, ValueId,
 };
 
 use crate::cost::Quant;
@@ -418,11 +418,11 @@ impl Tracer<'_> {
         Step {
             layer: self.cur_layer,
             op: AtenOp::Return,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            allocs: Vec::new(),
-            saves: Vec::new(),
-            grads: Vec::new(),
+            inputs: IdList::new(),
+            outputs: IdList::new(),
+            allocs: IdList::new(),
+            saves: IdList::new(),
+            grads: IdList::new(),
             view_grad: false,
             segment: self.segment,
             scratch: (Vec::new(), Vec::new()),
@@ -493,7 +493,7 @@ impl Tracer<'_> {
     fn keep_until_here(&mut self, v: ValueId) {
         let keep = Step {
             op: AtenOp::Return,
-            inputs: vec![v],
+            inputs: [v].into(),
             ..self.blank()
         };
         self.tape.steps.push(keep);
@@ -605,8 +605,8 @@ impl Tracer<'_> {
         let y = self.view_of(x, shape, layout);
         self.push(Step {
             op,
-            inputs: vec![x],
-            outputs: vec![y],
+            inputs: [x].into(),
+            outputs: [y].into(),
             view_grad,
             ..self.blank()
         });
@@ -863,7 +863,7 @@ impl Tracer<'_> {
                         // The block's Python frame holds its input (`identity = x`) until it
                         // returns, and the locals `keep_inputs` names: keep them alive to the
                         // end of the block.
-                        let mut inputs = vec![x];
+                        let mut inputs = IdList::from([x]);
                         inputs.extend(kept);
                         let keep = Step {
                             op: AtenOp::Return,

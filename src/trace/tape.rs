@@ -7,6 +7,8 @@
 //! ([`StorageId`], [`ValueId`], [`LayerId`], [`SegmentId`]) so that one kind of id cannot
 //! index another's table.
 
+use std::fmt;
+
 use serde::Serialize;
 use typed_index_collections::TiVec;
 
@@ -53,6 +55,166 @@ id! {
 id! {
     /// Index of a checkpointed segment in [`Tape::segments`].
     SegmentId
+}
+
+/// How many ids an [`IdList`] holds in place.
+const INLINE_IDS: usize = 3;
+
+/// A short list of typed ids ([`Step`]'s inputs, outputs, allocations, saves and gradients):
+/// up to three in place, more on the heap. Nearly every operator reads, makes and saves one
+/// to three tensors, so a step costs no allocation of its own (a model of 100,000 layers made
+/// half a million small ones, each freed again when the tape is dropped). Reads as a slice.
+#[derive(Clone)]
+pub struct IdList<T>(Ids<T>);
+
+#[derive(Clone)]
+enum Ids<T> {
+    /// The first `.0` of `.1` (the rest are `T::default()`).
+    Inline(u8, [T; INLINE_IDS]),
+    /// More than [`INLINE_IDS`] at some point.
+    Heap(Vec<T>),
+}
+
+impl<T: Copy + Default> Default for IdList<T> {
+    fn default() -> Self {
+        IdList(Ids::Inline(0, [T::default(); INLINE_IDS]))
+    }
+}
+
+impl<T: Copy + Default> IdList<T> {
+    /// An empty list.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `v`.
+    pub fn push(&mut self, v: T) {
+        match &mut self.0 {
+            Ids::Inline(n, items) if usize::from(*n) < INLINE_IDS => {
+                items[usize::from(*n)] = v;
+                *n += 1;
+            }
+            Ids::Inline(_, items) => {
+                let mut heap = Vec::with_capacity(2 * INLINE_IDS);
+                heap.extend_from_slice(items);
+                heap.push(v);
+                self.0 = Ids::Heap(heap);
+            }
+            Ids::Heap(heap) => heap.push(v),
+        }
+    }
+
+    /// Removes every id.
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Removes consecutive repeated ids, as [`Vec::dedup`].
+    pub fn dedup(&mut self)
+    where
+        T: PartialEq,
+    {
+        match &mut self.0 {
+            Ids::Inline(n, items) => {
+                let mut kept = 0;
+                for i in 0..usize::from(*n) {
+                    if kept == 0 || items[kept - 1] != items[i] {
+                        items[kept] = items[i];
+                        kept += 1;
+                    }
+                }
+                items[kept..].fill(T::default());
+                // At most INLINE_IDS.
+                *n = u8::try_from(kept).unwrap_or(u8::MAX);
+            }
+            Ids::Heap(heap) => heap.dedup(),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for IdList<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match &self.0 {
+            Ids::Inline(n, items) => &items[..usize::from(*n)],
+            Ids::Heap(heap) => heap,
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for IdList<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.0 {
+            Ids::Inline(n, items) => &mut items[..usize::from(*n)],
+            Ids::Heap(heap) => heap,
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for IdList<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<T: PartialEq> PartialEq for IdList<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Eq> Eq for IdList<T> {}
+
+impl<T: Copy + Default> Extend<T> for IdList<T> {
+    fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
+        for v in iter {
+            self.push(v);
+        }
+    }
+}
+
+impl<T: Copy + Default> FromIterator<T> for IdList<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let mut list = Self::default();
+        list.extend(iter);
+        list
+    }
+}
+
+impl<T: Copy + Default> From<Vec<T>> for IdList<T> {
+    fn from(v: Vec<T>) -> Self {
+        if v.len() <= INLINE_IDS {
+            v.into_iter().collect()
+        } else {
+            IdList(Ids::Heap(v))
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> From<[T; N]> for IdList<T> {
+    fn from(v: [T; N]) -> Self {
+        v.into_iter().collect()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a IdList<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a mut IdList<T> {
+    type Item = &'a mut T;
+    type IntoIter = std::slice::IterMut<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter_mut()
+    }
 }
 
 /// What a storage holds, for the breakdown.
@@ -143,15 +305,15 @@ pub struct Step {
     /// The ATen-level operator, e.g. [`AtenOp::Addmm`], [`AtenOp::NativeLayerNorm`].
     pub op: AtenOp,
     /// Values read.
-    pub inputs: Vec<ValueId>,
+    pub inputs: IdList<ValueId>,
     /// Values produced.
-    pub outputs: Vec<ValueId>,
+    pub outputs: IdList<ValueId>,
     /// Storages allocated by this operator.
-    pub allocs: Vec<StorageId>,
+    pub allocs: IdList<StorageId>,
     /// Storages autograd saves for its backward.
-    pub saves: Vec<StorageId>,
+    pub saves: IdList<StorageId>,
     /// Inputs that receive a gradient in backward.
-    pub grads: Vec<ValueId>,
+    pub grads: IdList<ValueId>,
     /// The backward hands a view of the output's gradient to the input (views, reshapes).
     pub view_grad: bool,
     /// Checkpointed segment the step belongs to.
@@ -285,4 +447,32 @@ pub struct BlockCopies {
     pub starts: Vec<usize>,
     /// One past the last step of the last copy.
     pub end: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[usize]) -> Vec<ValueId> {
+        v.iter().map(|&i| ValueId::from(i)).collect()
+    }
+
+    #[test]
+    fn id_list_reads_as_a_vec() {
+        let mut list = IdList::from(ids(&[3, 3, 1]));
+        assert_eq!(list.len(), 3);
+        list.dedup();
+        assert_eq!(&list[..], ids(&[3, 1]));
+        list.extend(ids(&[1, 7, 7]));
+        // Past three on the heap, the same list.
+        assert_eq!(&list[..], ids(&[3, 1, 1, 7, 7]));
+        list.sort_unstable();
+        list.dedup();
+        assert_eq!(&list[..], ids(&[1, 3, 7]));
+        assert_eq!(list, IdList::from([1, 3, 7].map(ValueId::from)));
+        assert_eq!(format!("{list:?}"), "[ValueId(1), ValueId(3), ValueId(7)]");
+        list.clear();
+        assert!(list.is_empty());
+        assert_eq!(list, IdList::new());
+    }
 }
