@@ -232,6 +232,8 @@ enum Target {
     Input,
     /// A step's scratch sizes, in forward (`false`) or backward (`true`).
     Scratch(usize, bool),
+    /// A step's [`Step::reduced`] block sizes.
+    Reduced(usize),
 }
 
 impl Batched {
@@ -281,6 +283,8 @@ impl Batched {
         for (i, (a, b)) in t0.steps.iter().zip(&t1.steps).enumerate() {
             push(Target::Scratch(i, false), per(&a.scratch.0, &b.scratch.0));
             push(Target::Scratch(i, true), per(&a.scratch.1, &b.scratch.1));
+            let bytes = |s: &Step| s.reduced.iter().map(|&(_, n)| n).collect::<Vec<u64>>();
+            push(Target::Reduced(i), per(&bytes(a), &bytes(b)));
         }
         Ok(Batched { tape, rules })
     }
@@ -324,6 +328,12 @@ impl Batched {
                     let sizes = if backward { &mut s.1 } else { &mut s.0 };
                     for &(i, k) in &r.per_sample {
                         sizes[i] = small(k.checked_mul(at))?;
+                    }
+                }
+                Target::Reduced(step) => {
+                    let reduced = &mut t.steps[step].reduced;
+                    for &(i, k) in &r.per_sample {
+                        reduced[i].1 = small(k.checked_mul(at))?;
                     }
                 }
             }
@@ -393,10 +403,11 @@ fn step_at(a: &Step, b: &Step, x: Batches) -> Result<Step, NotDerived> {
         view_grad,
         segment,
         scratch,
+        reduced,
     } = b;
     same(&a.layer, layer)?;
     same(&a.op, op)?;
-    same::<Vec<ValueId>>(&a.inputs, inputs)?;
+    same(&a.inputs, inputs)?;
     same(&a.outputs, outputs)?;
     same(&a.allocs, allocs)?;
     same(&a.saves, saves)?;
@@ -409,7 +420,21 @@ fn step_at(a: &Step, b: &Step, x: Batches) -> Result<Step, NotDerived> {
         }
         s0.iter().zip(s1).map(|(&p, &q)| x.size(p, q)).collect()
     };
+    // `reduced`: the same inputs in both, each block sized at the output's shape.
+    if a.reduced.len() != reduced.len() {
+        return Err(NotDerived::NotProportional);
+    }
+    let reduced = a
+        .reduced
+        .iter()
+        .zip(reduced)
+        .map(|(&(v0, p), &(v1, q))| {
+            same(&v0, &v1)?;
+            Ok((v0, x.size(p, q)?))
+        })
+        .collect::<Result<Vec<_>, NotDerived>>()?;
     Ok(Step {
+        reduced,
         scratch: (
             sizes(&a.scratch.0, &scratch.0)?,
             sizes(&a.scratch.1, &scratch.1)?,
