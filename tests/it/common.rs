@@ -18,6 +18,17 @@ pub fn path(rel: &str) -> PathBuf {
 
 /// `memest ARGS` from the crate root, with a fixed terminal width (in case help text is ever
 /// wrapped to the terminal) and a time limit, so that a hang fails instead of blocking the suite.
+/// The model file or HF config at `rel` (from the repository root), read as its extension says.
+pub fn spec(rel: &str) -> memest::spec::ModelSpec {
+    let src = std::fs::read_to_string(path(rel)).expect("an example");
+    let format = if rel.ends_with(".json") {
+        memest::spec::Format::Json
+    } else {
+        memest::spec::Format::Toml
+    };
+    memest::load_spec(&src, format, memest::hf::Head::Auto).expect("the example reads")
+}
+
 fn command(args: &[&str]) -> assert_cmd::Command {
     let mut cmd = assert_cmd::cargo::cargo_bin_cmd!("memest");
     cmd.args(args)

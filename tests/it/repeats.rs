@@ -9,17 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use serde_json::Value;
 
-use crate::common::path;
-
-fn spec(rel: &str) -> ModelSpec {
-    let src = std::fs::read_to_string(path(rel)).expect("an example");
-    let format = if rel.ends_with(".json") {
-        Format::Json
-    } else {
-        Format::Toml
-    };
-    memest::load_spec(&src, format, memest::hf::Head::Auto).expect("the example reads")
-}
+use crate::common::spec;
 
 /// Sets the count of the `which`-th top-level repeat (in order) to `count`; false if none.
 fn set_count(spec: &mut ModelSpec, which: usize, count: u64) -> bool {

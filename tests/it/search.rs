@@ -5,12 +5,12 @@
 
 use memest::report::Dimension;
 use memest::settings::{Device, Mode, Overrides, Settings};
-use memest::spec::{Format, ModelSpec};
+use memest::spec::ModelSpec;
 use memest::trace::Tape;
 use memest::trace::derive::{Batched, NotDerived, at_batch};
 use serde_json::Value;
 
-use crate::common::path;
+use crate::common::{path, spec};
 
 /// The bundled model files and Hugging Face configs, by path under the repository.
 fn examples() -> Vec<String> {
@@ -26,16 +26,6 @@ fn examples() -> Vec<String> {
         out.extend(files);
     }
     out
-}
-
-fn spec(rel: &str) -> ModelSpec {
-    let src = std::fs::read_to_string(path(rel)).expect("an example");
-    let format = if rel.ends_with(".json") {
-        Format::Json
-    } else {
-        Format::Toml
-    };
-    memest::load_spec(&src, format, memest::hf::Head::Auto).expect("the example reads")
 }
 
 fn trace(spec: &ModelSpec, o: &Overrides, batch: u64) -> Option<(Settings, Tape)> {
