@@ -248,18 +248,36 @@ fn deep_mlp(count: u64, width: u64) -> ModelSpec {
     memest::load_spec(&src, Format::Toml, memest::hf::Head::Auto).unwrap()
 }
 
-/// On CUDA the caching allocator's peaks (`allocated_peak_bytes`, `reserved_peak_bytes`,
-/// `device_bytes`) of a symbolic repeat are the unrolled ones: widths whose weights fall in the
-/// small pool (512: 1 MiB exactly, the largest small request), in 20 MiB large segments (513:
-/// 1,052,676 B; 1,200: 5.5 MiB) and in segments of their own (1,700: 11 MiB, past 10 MiB), at
-/// counts from 16 to 48 (at 64 with checkpointing, the small tensors' shared segments pass the
-/// extension's budget and the block unrolls), training (float32 and bf16 autocast, checkpointed) and inference.
-#[test]
-fn cuda_repeats_are_exact() {
+/// The three CUDA runs the repeat tests compare: float32 training at the file's batch,
+/// inference at batch 3, and bf16 autocast training with checkpointing at batch 8.
+fn cuda_runs() -> [Overrides; 3] {
     let cuda = Overrides {
         device: Some(Device::Cuda),
         ..Overrides::default()
     };
+    [
+        cuda.clone(),
+        Overrides {
+            mode: Some(Mode::Infer),
+            batch: Some(3),
+            ..cuda.clone()
+        },
+        Overrides {
+            checkpoint: true,
+            amp: Some(memest::cost::Amp::Bf16),
+            batch: Some(8),
+            ..cuda
+        },
+    ]
+}
+
+/// On CUDA the caching allocator's peaks (`allocated_peak_bytes`, `reserved_peak_bytes`,
+/// `device_bytes`) of a symbolic repeat are the unrolled ones: widths whose weights fall in the
+/// small pool (512: 1 MiB exactly, the largest small request), in 20 MiB large segments (513:
+/// 1,052,676 B; 1,200: 5.5 MiB) and in segments of their own (1,700: 11 MiB, past 10 MiB), at
+/// counts from 16 to 48, training (float32 and bf16 autocast, checkpointed) and inference.
+#[test]
+fn cuda_repeats_are_exact() {
     let mut figures = Vec::new();
     for (count, width) in [
         (16, 512),
@@ -270,20 +288,7 @@ fn cuda_repeats_are_exact() {
         (24, 1200),
         (20, 1700),
     ] {
-        for o in [
-            cuda.clone(),
-            Overrides {
-                mode: Some(Mode::Infer),
-                batch: Some(3),
-                ..cuda.clone()
-            },
-            Overrides {
-                checkpoint: true,
-                amp: Some(memest::cost::Amp::Bf16),
-                batch: Some(8),
-                ..cuda.clone()
-            },
-        ] {
+        for o in cuda_runs() {
             let (symbolic, unrolled) = both(&deep_mlp(count, width), &o);
             assert_eq!(symbolic, unrolled, "{count} x {width}: {o:?}");
             figures.push(unrolled["reserved_peak_bytes"].as_u64().unwrap());
@@ -304,26 +309,9 @@ fn cuda_repeats_are_exact() {
 /// same as unrolling.
 #[test]
 fn cuda_small_pool_piles_extend_exactly() {
-    let cuda = Overrides {
-        device: Some(Device::Cuda),
-        ..Overrides::default()
-    };
     let mut reserved = Vec::new();
     for count in [1100, 2051] {
-        for o in [
-            cuda.clone(),
-            Overrides {
-                mode: Some(Mode::Infer),
-                batch: Some(3),
-                ..cuda.clone()
-            },
-            Overrides {
-                checkpoint: true,
-                amp: Some(memest::cost::Amp::Bf16),
-                batch: Some(8),
-                ..cuda.clone()
-            },
-        ] {
+        for o in cuda_runs() {
             let (symbolic, unrolled) = both(&deep_mlp(count, 512), &o);
             assert_eq!(symbolic, unrolled, "{count}: {o:?}");
             reserved.push(unrolled["reserved_peak_bytes"].as_u64().unwrap());
@@ -335,7 +323,8 @@ fn cuda_small_pool_piles_extend_exactly() {
     assert_eq!(reserved[0], 2_756 * (2 << 20));
     let expandable = Overrides {
         expandable_segments: true,
-        ..cuda.clone()
+        device: Some(Device::Cuda),
+        ..Overrides::default()
     };
     let s = deep_mlp(1100, 512);
     assert!(
