@@ -4,6 +4,10 @@
 use memest::settings::Overrides;
 use memest::spec::Format;
 
+/// The binary's allocator (`src/main.rs`), so these figures are the binary's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     divan::main();
 }

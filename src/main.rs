@@ -11,6 +11,15 @@ use clap::Parser;
 
 use memest::cli;
 
+/// mimalloc as the process's allocator: an estimate makes many small, short-lived allocations
+/// (one layer's spec, name and traced step at a time), where glibc's malloc spent a third of
+/// the time of 100,000 flat layers (`malloc_consolidate`, `_int_malloc`, `unlink_chunk`).
+/// Measured 2026-12-02 (release binary, `perf stat` task-clock, 7 runs, min/median, load ~1.5):
+/// 100,000 unnamed relu layers 482/637 -> 376/405 ms, named 565/588 -> 289/321 ms, the
+/// 100,000-copy CUDA repeat 179/225 -> 168/216 ms; max RSS 156 -> 212 MB and 16 -> 27 MB.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // `memest models`: the supported Hugging Face model types and layer kinds (a file named
     // `models` in the working directory is still read as a model).
