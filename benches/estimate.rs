@@ -120,7 +120,11 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// `settle` keeps its window on the stack; this bench then 377-399 ms (wall, load 5.4; the
 /// CPU case 0.13-0.55 ms). Still past the target: each filled segment costs a few copies
 /// played to see the period again (29,283 copies played of the 1.1 million the step's 11 runs
-/// hold), and the encoded state's units are copied on every request and free.
+/// hold), and the encoded state's units are copied on every request and free. 2026-12-02: a
+/// repetition's index (a quotient) may move along the periods while its remainder stays in
+/// range, so the two backward runs extend too (11,332 -> 4,230 copies played; 22,181 in all):
+/// the binary's task-clock min/median of 7, interleaved (load 2.8-3.3), main 208-229/210-277
+/// ms -> 154-157/156-166 ms, max RSS 27.1 -> 12.9 MB (a signature kept per copy played).
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
