@@ -1,13 +1,16 @@
 //! What the binary prints: a report or a sweep in the chosen format, the over-budget line and its
 //! exit status, and names from files made safe for the terminal.
 
-use std::io::Write;
+use std::io::{self, Write};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
 use crate::cli::{OutputFormat, OutputOpts};
 use memest::units::format_bytes;
+
+/// The buffer the JSON is streamed through (bytes).
+const JSON_BUFFER: usize = 1 << 16;
 
 /// Prints one report in the chosen format to `out`; exit 1 when it is over the budget (one line
 /// on `err`, standard error: total, budget, overshoot).
@@ -23,8 +26,15 @@ pub fn print_report(
     let units = opts.units;
     match opts.format {
         OutputFormat::Json => {
-            let text = report.to_json().context("failed to serialize the report")?;
-            writeln!(out, "{text}")?;
+            // Streamed (25 MB for 100,000 layers), through a buffer: standard output is
+            // line-buffered, a write per line.
+            let mut w = io::BufWriter::with_capacity(JSON_BUFFER, &mut *out);
+            report
+                .write_json(&mut w)
+                .map_err(io::Error::from)
+                .context("failed to serialize the report")?;
+            writeln!(w)?;
+            w.flush()?;
         }
         OutputFormat::Markdown => {
             write!(
@@ -111,8 +121,13 @@ pub fn print_sweep(
     let units = opts.units;
     match opts.format {
         OutputFormat::Json => {
-            let text = swept.to_json().context("failed to serialize the sweep")?;
-            writeln!(out, "{text}")?;
+            let mut w = io::BufWriter::with_capacity(JSON_BUFFER, &mut *out);
+            swept
+                .write_json(&mut w)
+                .map_err(io::Error::from)
+                .context("failed to serialize the sweep")?;
+            writeln!(w)?;
+            w.flush()?;
         }
         OutputFormat::Markdown => {
             write!(

@@ -445,8 +445,28 @@ impl SweepReport {
     /// # Errors
     /// None in practice: every field serializes.
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
-        let value = serde_json::to_value(self)?;
-        serde_json::to_string_pretty(&value)
+        json_text(|w| self.write_json(w))
+    }
+
+    /// Writes [`SweepReport::to_json`]'s text (without a final newline) to `w`, each report
+    /// streamed as [`Report::write_json`] streams it.
+    ///
+    /// # Errors
+    /// When writing to `w` fails (an I/O error inside the [`serde_json::Error`]).
+    pub fn write_json(&self, w: impl std::io::Write) -> Result<(), serde_json::Error> {
+        self.serialize_sorted(&mut serde_json::Serializer::pretty(w))
+    }
+
+    /// `{"dimension", "sweep", "values"}` in that (sorted) order, each report through
+    /// [`SortedReport`]; the head of each is checked to hold every key the derived form has
+    /// (a test compares the two).
+    fn serialize_sorted<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("dimension", self.dimension)?;
+        map.serialize_entry("sweep", &SortedSeq(&self.sweep, SortedReport))?;
+        map.serialize_entry("values", &self.values)?;
+        map.end()
     }
 }
 
@@ -1011,9 +1031,300 @@ impl Report {
     /// # Errors
     /// None in practice: every field serializes.
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
-        // Through `Value`, whose maps are ordered by key: stable output for diffs and scripts.
-        let value = serde_json::to_value(self)?;
-        serde_json::to_string_pretty(&value)
+        json_text(|w| self.write_json(w))
+    }
+
+    /// Writes [`Report::to_json`]'s text (without a final newline) to `w` as it is made: the
+    /// top-level keys through a [`serde_json::Value`] map (ordered by key), the per-layer
+    /// rows, the bulk of a large model's report (25 MB for 100,000 layers), straight from
+    /// [`Report::layers`], each row's keys written in sorted order. Give it a buffered
+    /// writer.
+    ///
+    /// # Errors
+    /// When writing to `w` fails (an I/O error inside the [`serde_json::Error`]).
+    pub fn write_json(&self, w: impl std::io::Write) -> Result<(), serde_json::Error> {
+        SortedReport(self).serialize(&mut serde_json::Serializer::pretty(w))
+    }
+}
+
+/// The text `write` writes.
+fn json_text(
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+) -> Result<String, serde_json::Error> {
+    let mut buf = Vec::new();
+    write(&mut buf)?;
+    // serde_json writes UTF-8 only.
+    String::from_utf8(buf).map_err(serde::ser::Error::custom)
+}
+
+/// A report serialized as `serde_json::to_value` then `Value`'s serialization would write it
+/// (keys sorted at every level), without building a `Value` for [`Report::layers`]: the
+/// top-level entries are gathered by [`TopLevel`] (`layers` left as a placeholder), then
+/// written in key order with `layers` streamed row by row ([`SortedLayer`]).
+struct SortedReport<'a>(&'a Report);
+
+impl Serialize for SortedReport<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let head = self
+            .0
+            .serialize(TopLevel)
+            .map_err(serde::ser::Error::custom)?;
+        let mut map = s.serialize_map(Some(head.len()))?;
+        for (k, v) in &head {
+            if k == LAYERS_KEY {
+                map.serialize_entry(k, &SortedSeq(&self.0.layers, SortedLayer))?;
+            } else {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// [`Report::layers`]' key in the JSON.
+const LAYERS_KEY: &str = "layers";
+
+/// A slice serialized as a sequence, each item wrapped by `.1` (a constructor such as
+/// [`SortedLayer`]).
+struct SortedSeq<'a, T, W>(&'a [T], fn(&'a T) -> W);
+
+impl<'a, T, W: Serialize> Serialize for SortedSeq<'a, T, W> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(self.1))
+    }
+}
+
+/// One [`LayerReport`] with its keys in sorted order, as a `Value` map writes them (the
+/// derived `Serialize` writes them in declaration order, which the schema's `required` list
+/// follows). A test checks that both give the same text.
+struct SortedLayer<'a>(&'a LayerReport);
+
+impl Serialize for SortedLayer<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let l = self.0;
+        let mut row = s.serialize_struct("LayerReport", 9)?;
+        row.serialize_field("activation_bytes", &l.activation_bytes)?;
+        row.serialize_field("kept", &l.kept)?;
+        row.serialize_field("kind", &l.kind)?;
+        row.serialize_field("name", &l.name)?;
+        row.serialize_field("output_shape", &l.output_shape)?;
+        row.serialize_field("parameter_bytes", &l.parameter_bytes)?;
+        row.serialize_field("params", &l.params)?;
+        row.serialize_field("path", &l.path)?;
+        row.serialize_field("repeat", &l.repeat)?;
+        row.end()
+    }
+}
+
+/// A serializer that takes a report's top level (a struct, or a map: `#[serde(flatten)]`
+/// makes the derived code write one) and gives its entries as a key-ordered
+/// [`serde_json::Map`], each value as `serde_json::to_value` makes it but `layers`, left
+/// `null` for [`SortedReport`] to stream. Anything but a map or a struct is an error.
+struct TopLevel;
+
+/// The entries [`TopLevel`] gathers so far, and the key whose value comes next.
+struct TopLevelMap {
+    map: serde_json::Map<String, serde_json::Value>,
+    key: Option<String>,
+}
+
+impl TopLevelMap {
+    fn entry<T: Serialize + ?Sized>(
+        &mut self,
+        key: String,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        let value = if key == LAYERS_KEY {
+            serde_json::Value::Null
+        } else {
+            serde_json::to_value(value)?
+        };
+        self.map.insert(key, value);
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeMap for TopLevelMap {
+    type Ok = serde_json::Map<String, serde_json::Value>;
+    type Error = serde_json::Error;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Self::Error> {
+        match serde_json::to_value(key)? {
+            serde_json::Value::String(k) => {
+                self.key = Some(k);
+                Ok(())
+            }
+            _ => Err(serde::ser::Error::custom("a report key is not a string")),
+        }
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Self::Error> {
+        let key = self
+            .key
+            .take()
+            .ok_or_else(|| serde::ser::Error::custom("a report value without its key"))?;
+        self.entry(key, value)
+    }
+
+    fn end(self) -> Result<Self::Ok, Self::Error> {
+        Ok(self.map)
+    }
+}
+
+impl serde::ser::SerializeStruct for TopLevelMap {
+    type Ok = serde_json::Map<String, serde_json::Value>;
+    type Error = serde_json::Error;
+
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Self::Error> {
+        self.entry(key.to_string(), value)
+    }
+
+    fn end(self) -> Result<Self::Ok, Self::Error> {
+        Ok(self.map)
+    }
+}
+
+/// [`TopLevel`]'s answer to anything but a map or a struct.
+fn not_a_map<T>() -> Result<T, serde_json::Error> {
+    Err(serde::ser::Error::custom("a report serializes as a map"))
+}
+
+impl serde::Serializer for TopLevel {
+    type Ok = serde_json::Map<String, serde_json::Value>;
+    type Error = serde_json::Error;
+    type SerializeSeq = serde::ser::Impossible<Self::Ok, Self::Error>;
+    type SerializeTuple = serde::ser::Impossible<Self::Ok, Self::Error>;
+    type SerializeTupleStruct = serde::ser::Impossible<Self::Ok, Self::Error>;
+    type SerializeTupleVariant = serde::ser::Impossible<Self::Ok, Self::Error>;
+    type SerializeMap = TopLevelMap;
+    type SerializeStruct = TopLevelMap;
+    type SerializeStructVariant = serde::ser::Impossible<Self::Ok, Self::Error>;
+
+    fn serialize_map(self, _: Option<usize>) -> Result<TopLevelMap, Self::Error> {
+        Ok(TopLevelMap {
+            map: serde_json::Map::new(),
+            key: None,
+        })
+    }
+
+    fn serialize_struct(self, _: &'static str, len: usize) -> Result<TopLevelMap, Self::Error> {
+        self.serialize_map(Some(len))
+    }
+
+    fn serialize_bool(self, _: bool) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_i8(self, _: i8) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_i16(self, _: i16) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_i32(self, _: i32) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_i64(self, _: i64) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_u8(self, _: u8) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_u16(self, _: u16) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_u32(self, _: u32) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_u64(self, _: u64) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_f32(self, _: f32) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_f64(self, _: f64) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_char(self, _: char) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_str(self, _: &str) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_none(self) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_unit(self) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+    ) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: &T,
+    ) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<Self::Ok, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, Self::Error> {
+        not_a_map()
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, Self::Error> {
+        not_a_map()
     }
 }
 
@@ -1127,6 +1438,87 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The JSON as it was made before it was streamed: through a `Value`, whose maps are
+    /// ordered by key.
+    fn through_value(v: &impl Serialize) -> String {
+        serde_json::to_string_pretty(&serde_json::to_value(v).unwrap()).unwrap()
+    }
+
+    /// A report with rows that keep several tensors (`kept`), a search outcome (flattened), a
+    /// budget and warnings: the streamed JSON is the `Value` one, byte for byte.
+    #[test]
+    fn streamed_json_is_the_sorted_value_json() {
+        let src = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/llama_tiny.toml"
+        ))
+        .unwrap();
+        let mut report = crate::estimate(
+            &src,
+            crate::spec::Format::Toml,
+            "llama_tiny",
+            &crate::settings::Overrides::default(),
+            Some(1 << 30),
+        )
+        .unwrap();
+        assert!(report.layers.iter().any(|l| l.kept.len() > 1));
+        assert!(
+            report
+                .layers
+                .iter()
+                .any(|l| l.kept.iter().any(|k| k.copies > 1))
+        );
+        report.search = Some(SearchOutcome {
+            dimension: Dimension::Batch,
+            budget_bytes: 1 << 30,
+            largest: Some(12),
+        });
+        report.warnings.push(Warning::CheckpointWithoutBlocks);
+        let text = report.to_json().unwrap();
+        assert_eq!(text, through_value(&report));
+        assert!(text.contains("\"max_batch\": 12"));
+        for l in &report.layers {
+            assert_eq!(
+                serde_json::to_string_pretty(&SortedLayer(l)).unwrap(),
+                through_value(l)
+            );
+        }
+        let sweep = SweepReport {
+            dimension: "batch",
+            values: vec![1, 2],
+            sweep: vec![report.clone(), report],
+        };
+        assert_eq!(sweep.to_json().unwrap(), through_value(&sweep));
+    }
+
+    /// A failed write is the writer's I/O error (a closed pipe stays one, which the binary
+    /// exits 0 on).
+    #[test]
+    fn a_failed_write_is_an_io_error() {
+        struct Closed;
+        impl std::io::Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let report = crate::estimate(
+            "[input]\nshape = [4]\n[[layers]]\nkind = \"relu\"\n",
+            crate::spec::Format::Toml,
+            "relu",
+            &crate::settings::Overrides::default(),
+            None,
+        )
+        .unwrap();
+        let e = report.write_json(Closed).unwrap_err();
+        assert_eq!(
+            std::io::Error::from(e).kind(),
+            std::io::ErrorKind::BrokenPipe
+        );
+    }
 
     #[test]
     fn category_bytes_keys_are_the_categories_keys() {
