@@ -12,6 +12,7 @@ use crate::dtype::DType;
 use crate::error::{Error, SpecError};
 use crate::vocab::{AttentionImpl, Device, Mode};
 
+mod chunks;
 mod layer;
 
 pub(crate) use layer::layer_spec;
@@ -224,6 +225,11 @@ pub fn parse(src: &str, format: Format, kind_keys: KindKeys) -> Result<ModelSpec
     }
     match format {
         Format::Toml => {
+            // The `[[layers]]` elements a few at a time, when the file cuts plainly (the same
+            // spec, in a fraction of the memory); otherwise, and for every error, whole.
+            if let Some(spec) = chunks::parse(src) {
+                return Ok(spec);
+            }
             let de = toml::Deserializer::parse(src).map_err(|e| toml_error(src, &e, None))?;
             // A file that reads is read without tracking the path (which copies every key);
             // one that does not is read again with it, for the error's path.
