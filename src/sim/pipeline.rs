@@ -213,8 +213,8 @@ mod tests {
                 grads: crate::trace::IdList::new(),
                 view_grad: false,
                 segment: None,
-                scratch: (Vec::new(), Vec::new()),
-                reduced: Vec::new(),
+                scratch: Default::default(),
+                reduced: Default::default(),
             })
             .collect();
         t

@@ -102,8 +102,8 @@ impl Builder {
             grads: s.grads.iter().copied().collect(),
             view_grad,
             segment,
-            scratch: (Vec::new(), Vec::new()),
-            reduced: Vec::new(),
+            scratch: Default::default(),
+            reduced: Default::default(),
         });
         self.tape.steps.len() - 1
     }

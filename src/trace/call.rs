@@ -128,7 +128,7 @@ impl Tracer<'_> {
                 allocs,
                 saves,
                 view_grad: c.view_grad,
-                scratch: c.scratch,
+                scratch: (c.scratch.0.into(), c.scratch.1.into()),
                 ..self.blank()
             },
             c.results,

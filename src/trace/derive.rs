@@ -20,7 +20,8 @@
 //! tapes with fresh traces over the bundled examples and Hugging Face configs.
 
 use super::tape::{
-    BlockCopies, LayerInfo, Param, Segment, Step, Storage, StorageId, Tape, Value, ValueId,
+    BlockCopies, LayerInfo, Param, RareList, Segment, Step, Storage, StorageId, Tape, Value,
+    ValueId,
 };
 use crate::shape::Shape;
 
@@ -432,12 +433,12 @@ fn step_at(a: &Step, b: &Step, x: Batches) -> Result<Step, NotDerived> {
             same(&v0, &v1)?;
             Ok((v0, x.size(p, q)?))
         })
-        .collect::<Result<Vec<_>, NotDerived>>()?;
+        .collect::<Result<RareList<_>, NotDerived>>()?;
     Ok(Step {
         reduced,
         scratch: (
-            sizes(&a.scratch.0, &scratch.0)?,
-            sizes(&a.scratch.1, &scratch.1)?,
+            sizes(&a.scratch.0, &scratch.0)?.into(),
+            sizes(&a.scratch.1, &scratch.1)?.into(),
         ),
         layer: a.layer,
         op: a.op,

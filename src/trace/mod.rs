@@ -36,8 +36,8 @@ use call::Call;
 pub use aten::AtenOp;
 pub use params::lora_entry_matches;
 pub use tape::{
-    BlockCopies, IdList, LayerId, LayerInfo, Layout, Param, Segment, SegmentId, Step, Storage,
-    StorageId, StorageKind, Tape, Value, ValueId,
+    BlockCopies, IdList, LayerId, LayerInfo, Layout, Param, RareList, Segment, SegmentId, Step,
+    Storage, StorageId, StorageKind, Tape, Value, ValueId,
 };
 
 use crate::cost::Quant;
@@ -425,8 +425,8 @@ impl Tracer<'_> {
             grads: IdList::new(),
             view_grad: false,
             segment: self.segment,
-            scratch: (Vec::new(), Vec::new()),
-            reduced: Vec::new(),
+            scratch: Default::default(),
+            reduced: RareList::new(),
         }
     }
 

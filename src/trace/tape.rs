@@ -19,22 +19,28 @@ use crate::spec::LayerKind;
 
 use super::aten::AtenOp;
 
-/// Declares a typed index: a `usize` newtype that indexes one [`TiVec`] only.
+/// Declares a typed index: a 32-bit newtype that indexes one [`TiVec`] only. Four bytes
+/// rather than a `usize`'s eight: a [`Step`] holds a dozen of them, and a tape of 100,000
+/// layers 100,000 steps. A tape cannot reach 2^32 entries of any table ([`super::MAX_STEPS`]
+/// operators, each making a few tensors; a billion storages would be 60 GB of tape first);
+/// an index past `u32::MAX` would read as `u32::MAX`.
 macro_rules! id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub struct $name(usize);
+        pub struct $name(u32);
 
         impl From<usize> for $name {
             fn from(i: usize) -> Self {
-                $name(i)
+                debug_assert!(u32::try_from(i).is_ok(), "{i} entries in a tape table");
+                $name(u32::try_from(i).unwrap_or(u32::MAX))
             }
         }
 
         impl From<$name> for usize {
             fn from(id: $name) -> usize {
-                id.0
+                // Lossless: memest builds for 32- and 64-bit targets.
+                id.0 as usize
             }
         }
     };
@@ -64,6 +70,7 @@ const INLINE_IDS: usize = 3;
 /// up to three in place, more on the heap. Nearly every operator reads, makes and saves one
 /// to three tensors, so a step costs no allocation of its own (a model of 100,000 layers made
 /// half a million small ones, each freed again when the tape is dropped). Reads as a slice.
+/// Sixteen bytes for 32-bit ids (the longer lists, rare, behind one more pointer).
 #[derive(Clone)]
 pub struct IdList<T>(Ids<T>);
 
@@ -71,8 +78,10 @@ pub struct IdList<T>(Ids<T>);
 enum Ids<T> {
     /// The first `.0` of `.1` (the rest are `T::default()`).
     Inline(u8, [T; INLINE_IDS]),
-    /// More than [`INLINE_IDS`] at some point.
-    Heap(Vec<T>),
+    /// More than [`INLINE_IDS`] at some point (boxed: a `Vec` in place would double the
+    /// list's size).
+    #[allow(clippy::box_collection)]
+    Heap(Box<Vec<T>>),
 }
 
 impl<T: Copy + Default> Default for IdList<T> {
@@ -99,7 +108,7 @@ impl<T: Copy + Default> IdList<T> {
                 let mut heap = Vec::with_capacity(2 * INLINE_IDS);
                 heap.extend_from_slice(items);
                 heap.push(v);
-                self.0 = Ids::Heap(heap);
+                self.0 = Ids::Heap(Box::new(heap));
             }
             Ids::Heap(heap) => heap.push(v),
         }
@@ -188,7 +197,7 @@ impl<T: Copy + Default> From<Vec<T>> for IdList<T> {
         if v.len() <= INLINE_IDS {
             v.into_iter().collect()
         } else {
-            IdList(Ids::Heap(v))
+            IdList(Ids::Heap(Box::new(v)))
         }
     }
 }
@@ -214,6 +223,67 @@ impl<'a, T> IntoIterator for &'a mut IdList<T> {
 
     fn into_iter(self) -> Self::IntoIter {
         self.iter_mut()
+    }
+}
+
+/// A list that is nearly always empty ([`Step::scratch`], [`Step::reduced`]): one null
+/// pointer until an item is pushed (8 bytes in each step rather than a `Vec`'s 24). Reads as
+/// a slice.
+#[derive(Clone, Default, PartialEq, Eq)]
+#[allow(clippy::box_collection)] // a thin pointer is the point
+pub struct RareList<T>(Option<Box<Vec<T>>>);
+
+impl<T> RareList<T> {
+    /// An empty list.
+    #[must_use]
+    pub const fn new() -> Self {
+        RareList(None)
+    }
+
+    /// Appends `v`.
+    pub fn push(&mut self, v: T) {
+        self.0.get_or_insert_with(Box::default).push(v);
+    }
+}
+
+impl<T> From<Vec<T>> for RareList<T> {
+    fn from(v: Vec<T>) -> Self {
+        RareList((!v.is_empty()).then(|| Box::new(v)))
+    }
+}
+
+impl<T> std::ops::Deref for RareList<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl<T> std::ops::DerefMut for RareList<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.0.as_deref_mut().map_or(&mut [], Vec::as_mut_slice)
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for RareList<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<T> FromIterator<T> for RareList<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<T>>().into()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a RareList<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
     }
 }
 
@@ -322,13 +392,13 @@ pub struct Step {
     /// moment (bytes of each block): `.0` in forward, `.1` in its backward, beside the
     /// gradients it returns. A function written out in Python (BLOOM's `GeLUFunction`) makes
     /// one tensor per operation; ATen kernels make none memest counts.
-    pub scratch: (Vec<u64>, Vec<u64>),
+    pub scratch: (RareList<u64>, RareList<u64>),
     /// Inputs whose gradient the backward formula makes at the output's shape and dtype (the
     /// block's bytes) and autograd's engine then reduces to the input's (`validate_outputs`
     /// in `torch/csrc/autograd/engine.cpp`: `sum_to` a broadcast input's shape, `.to` its
     /// dtype): every formula's block is made first, in [`Step::grads`]' order, then each of
     /// these inputs' own gradient, in input order, while its formula block is still live.
-    pub reduced: Vec<(ValueId, u64)>,
+    pub reduced: RareList<(ValueId, u64)>,
 }
 
 /// Per-layer facts for reports.
@@ -474,5 +544,26 @@ mod tests {
         list.clear();
         assert!(list.is_empty());
         assert_eq!(list, IdList::new());
+        let mut rare = RareList::new();
+        assert!(rare.is_empty());
+        rare.push(3u64);
+        rare.push(4);
+        rare[1] = 5;
+        assert_eq!(&rare[..], [3, 5]);
+        assert_eq!(rare, RareList::from(vec![3, 5]));
+        assert_eq!(RareList::<u64>::from(Vec::new()), RareList::new());
+        assert_eq!(format!("{rare:?}"), "[3, 5]");
+    }
+
+    /// What a 100,000-layer tape is made of: these sizes are its bytes per operator.
+    #[test]
+    fn tape_rows_stay_small() {
+        assert_eq!(size_of::<StorageId>(), 4);
+        assert_eq!(size_of::<IdList<ValueId>>(), 16);
+        assert_eq!(size_of::<IdList<StorageId>>(), 16);
+        assert_eq!(size_of::<RareList<u64>>(), 8);
+        assert_eq!(size_of::<Step>(), 120);
+        assert_eq!(size_of::<Storage>(), 56);
+        assert_eq!(size_of::<Value>(), 32);
     }
 }
