@@ -125,6 +125,11 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// range, so the two backward runs extend too (11,332 -> 4,230 copies played; 22,181 in all):
 /// the binary's task-clock min/median of 7, interleaved (load 2.8-3.3), main 208-229/210-277
 /// ms -> 154-157/156-166 ms, max RSS 27.1 -> 12.9 MB (a signature kept per copy played).
+/// Then periods of periods (`sim::periodic::landing`: the copies where jumps land repeat
+/// too, whole segment fills jumped over): min/median of 7, interleaved (load 3.1-5.1), main
+/// 155-235/191-254 ms -> 81-91/86-120 ms, max RSS 27.4 -> 17.2 MB. Still past 50 ms: the
+/// runs whose jumps within a segment fill rely on a step between blocks of copies far apart
+/// (a merge's `Code`, which changes from one fill to the next) play a few copies per fill.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";

@@ -33,7 +33,11 @@
 //! the number of periods before one could flip is computed exactly (a segment filling up
 //! mid-period, say). The state jumps over those periods; the allocated peak within them is at
 //! the first or the last one (each request's running total moves by a constant per period),
-//! and the reserved bytes only grow. What is not periodic is played copy by copy, up to a work
+//! and the reserved bytes only grow. The copies where such a jump lands (a segment filled up,
+//! say) are the boundaries of a second level ([`landing`]): when the state there repeats the
+//! same way, with the same decisions between and each jump inside relying on the same facts
+//! (logged there as comparisons of their own, [`relied`]), whole periods of periods are
+//! jumped over alike. What is not periodic is played copy by copy, up to a work
 //! budget; past it (or on anything unexpected) the answer is `None` and the caller unrolls.
 //!
 //! The encoded state costs about 9 times as much per copy played as the allocator itself
@@ -194,6 +198,9 @@ enum Pred {
 #[derive(Default)]
 struct Rec {
     log: Option<Vec<Pred>>,
+    /// The log of a period of periods ([`landing`]): every comparison since its first
+    /// boundary, and what each extension inside it relied on.
+    outer: Option<Vec<Pred>>,
     /// Elements visited so far (the cost of the run, bounded by the caller's budget).
     work: u64,
 }
@@ -201,6 +208,14 @@ struct Rec {
 impl Rec {
     fn note(&mut self, p: Pred) {
         if let Some(log) = &mut self.log {
+            log.push(p);
+        }
+        self.note_outer(p);
+    }
+
+    /// Logs `p` for the period of periods only.
+    fn note_outer(&mut self, p: Pred) {
+        if let Some(log) = &mut self.outer {
             log.push(p);
         }
     }
@@ -884,6 +899,9 @@ fn owner_of(name: &Name, k: Option<i64>, n: i64) -> Option<(u32, i64)> {
     Some((name.site, copy))
 }
 
+/// A number's range, `lo..hi` ([`Engine::ranges`]).
+type Range = (i128, i128);
+
 /// Largest figure kept: well inside `i64` (the numbers are stored as `i64`).
 const LIMIT: i128 = 1 << 62;
 
@@ -1318,6 +1336,43 @@ impl Engine {
         }
         v.push(self.allocated);
         v.push(self.reserved);
+        v
+    }
+
+    /// The range `lo..hi` each number ([`Engine::numbers`], the same order) must stay in for
+    /// [`Engine::set_numbers`].
+    fn ranges(&self) -> Vec<Range> {
+        fn item<T>(it: &Item<T>, v: &mut Vec<Range>, elem: &dyn Fn(&T, &mut Vec<Range>)) {
+            match it {
+                Item::Free(_) => v.push((1, LIMIT)),
+                Item::Rep { many, unit, .. } => {
+                    v.push(if *many { (2, LIMIT) } else { (1, 2) });
+                    for e in unit {
+                        elem(e, v);
+                    }
+                }
+            }
+        }
+        fn blk(_: &Blk, v: &mut Vec<Range>) {
+            v.push((1, LIMIT));
+            v.push((-LIMIT, LIMIT));
+        }
+        fn node(n: &Node, v: &mut Vec<Range>) {
+            match n {
+                Node::Seg(seg) => {
+                    for it in &seg.items {
+                        item(it, v, &blk);
+                    }
+                }
+                Node::Grp(it) => item(it, v, &node),
+            }
+        }
+        let mut v = Vec::new();
+        for g in &self.groups {
+            item(g, &mut v, &node);
+        }
+        v.push((0, LIMIT));
+        v.push((0, LIMIT));
         v
     }
 
@@ -1771,8 +1826,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
                     _ => (false, 0),
                 };
                 let mut q = 0i64;
-                let mut seen: HashMap<u64, (Vec<u64>, i64)> = HashMap::new();
-                let mut cand: Option<Candidate> = None;
+                let (mut inner, mut outer) = (Watch::default(), Watch::default());
                 let mut jumped = false;
                 while q < copies {
                     if let Player::Engine(e) = &mut player {
@@ -1801,7 +1855,10 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
                             (trial, max_groups) = (i64::MAX, usize::MAX);
                         }
                         if extend {
-                            let to = boundary(e, &mut seen, &mut cand, q, copies)?;
+                            let mut to = boundary(e, &mut inner, false, q, copies)?;
+                            if to > q {
+                                to = landing(e, &mut outer, to, copies)?;
+                            }
                             jumped |= to > q;
                             q = to;
                             if q >= copies {
@@ -1836,6 +1893,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
                 }
                 if let Player::Engine(e) = &mut player {
                     e.rec.log = None;
+                    e.rec.outer = None;
                 }
             }
         }
@@ -1862,64 +1920,80 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
     })
 }
 
+/// The periods looked for at one level: the layouts seen at its boundaries (a hash, the
+/// layout, the copy), and the period being confirmed.
+#[derive(Default)]
+struct Watch {
+    seen: HashMap<u64, (Vec<u64>, i64)>,
+    cand: Option<Candidate>,
+}
+
+/// The log of a level: the periods' (`outer` false) or the periods of periods' (true).
+fn level_log(rec: &mut Rec, outer: bool) -> &mut Option<Vec<Pred>> {
+    if outer { &mut rec.outer } else { &mut rec.log }
+}
+
 /// At the boundary before copy `q` of a run: follows or starts a candidate period, and jumps
 /// over as many periods as are certain. Returns the copy to play next.
-fn boundary(
-    e: &mut Engine,
-    seen: &mut HashMap<u64, (Vec<u64>, i64)>,
-    cand: &mut Option<Candidate>,
-    q: i64,
-    copies: i64,
-) -> Option<i64> {
+///
+/// Two levels: the copy boundaries (`outer` false), and the copies where an extension
+/// landed (`outer` true; [`landing`]). Each filled segment costs a few copies played before
+/// the period is seen again (the 100,000-copy repeat fills a 2 MiB segment every 512
+/// copies): when the state where the extensions land repeats too, with the same decisions
+/// between (the extension inside each period of periods relying on the same facts, logged
+/// by [`jump`] as comparisons of their own), whole periods of periods are jumped over the
+/// same way.
+fn boundary(e: &mut Engine, w: &mut Watch, outer: bool, q: i64, copies: i64) -> Option<i64> {
     let sig = e.signature();
-    if let Some(c) = cand
-        && c.next == q
-    {
-        if sig == c.signature {
+    if let Some(c) = &mut w.cand {
+        if c.next == q && sig == c.signature {
             c.numbers.push(e.numbers());
-            c.marks.push(e.rec.log.as_ref()?.len());
+            c.marks.push(level_log(&mut e.rec, outer).as_ref()?.len());
             c.next = q + c.period;
             if c.numbers.len() == 3 {
-                if let Some(to) = jump(e, c, q, copies) {
-                    *cand = None;
+                let mut log = level_log(&mut e.rec, outer).take()?;
+                if let Some(to) = jump(e, c, &log, q, copies) {
+                    w.cand = None;
+                    w.seen.clear();
                     e.rec.log = None;
-                    seen.clear();
+                    if outer {
+                        e.rec.outer = None;
+                    }
                     return Some(to);
                 }
                 // Slide: forget the oldest period.
                 let cut = c.marks[1];
-                if let Some(log) = &mut e.rec.log {
-                    log.drain(..cut);
-                }
+                log.drain(..cut);
+                *level_log(&mut e.rec, outer) = Some(log);
                 c.numbers.remove(0);
                 c.marks.remove(0);
                 for m in &mut c.marks {
                     *m -= cut;
                 }
             }
-        } else {
-            *cand = None;
-            e.rec.log = None;
+        } else if c.next <= q {
+            w.cand = None;
+            *level_log(&mut e.rec, outer) = None;
         }
     }
     let h = sig.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &x| {
         (h ^ x).wrapping_mul(0x0100_0000_01b3)
     });
-    if cand.is_none()
-        && let Some((_, q0)) = seen.get(&h).filter(|(s, _)| *s == sig)
+    if w.cand.is_none()
+        && let Some((_, q0)) = w.seen.get(&h).filter(|(s, _)| *s == sig)
     {
         let q0 = *q0;
         let period = q - q0;
-        *cand = Some(Candidate {
+        w.cand = Some(Candidate {
             period,
             signature: sig.clone(),
             next: q + period,
             numbers: vec![e.numbers()],
             marks: vec![0],
         });
-        e.rec.log = Some(Vec::new());
+        *level_log(&mut e.rec, outer) = Some(Vec::new());
     }
-    seen.insert(h, (sig, q));
+    w.seen.insert(h, (sig, q));
     Some(q)
 }
 
@@ -1934,23 +2008,38 @@ fn boundary(
 /// periods that holds for is computed exactly ([`periods_left`]). The allocated bytes after
 /// each request are such a quantity, so their largest value over the periods jumped is at
 /// the first or the last one; the reserved bytes only grow.
-fn jump(e: &mut Engine, c: &Candidate, q: i64, copies: i64) -> Option<i64> {
+fn jump(e: &mut Engine, c: &Candidate, log: &[Pred], q: i64, copies: i64) -> Option<i64> {
     let [x0, x1, x2] = c.numbers.as_slice() else {
         return None;
     };
-    let log = e.rec.log.as_ref()?;
     let (m0, m1, m2) = (c.marks[0], c.marks[1], c.marks[2]);
     if x0.len() != x1.len() || x1.len() != x2.len() {
         return None;
     }
+    // Inside a period of periods (`e.rec.outer` on), what this attempt relies on is logged
+    // there as comparisons of its own: each is affine along the periods of periods, so
+    // the attempt goes the same way in each of them as long as none changes its answer.
     let delta: Vec<i128> = x1.iter().zip(x0).map(|(b, a)| b - a).collect();
-    if x2.iter().zip(x1).zip(&delta).any(|((b, a), d)| b - a != *d) {
+    let mut same = true;
+    for ((b, a), d) in x2.iter().zip(x1).zip(&delta) {
+        e.rec.note_outer(Pred::Eq(b - a - d));
+        same &= b - a == *d;
+    }
+    if !same {
         return None;
     }
-    let (a, b) = (&log[m0..m1], &log[m1..m2]);
+    let (a, b) = (log.get(m0..m1)?, log.get(m1..m2)?);
+    e.rec.note_outer(Pred::Code(a.len() as i128));
+    e.rec.note_outer(Pred::Code(b.len() as i128));
     let left = periods_left(a, b)?;
     let room = i128::from((copies - q) / c.period);
     let periods = left.min(room);
+    e.rec.note_outer(Pred::Code(periods));
+    if e.rec.outer.is_some() {
+        for (p, r) in a.iter().zip(b) {
+            relied(*p, *r, periods, &mut e.rec);
+        }
+    }
     if periods < 1 {
         return None;
     }
@@ -1967,17 +2056,87 @@ fn jump(e: &mut Engine, c: &Candidate, q: i64, copies: i64) -> Option<i64> {
             let s = y - x;
             let first = y.checked_add(s)?;
             let last = y.checked_add(s.checked_mul(periods)?)?;
+            e.rec.note_outer(Pred::Track(first));
+            e.rec.note_outer(Pred::Track(last));
             top = top.max(first).max(last);
         }
     }
+    if top > i128::MIN {
+        e.rec.note_outer(Pred::Ge(LIMIT - 1 - top));
+    }
     if top >= LIMIT {
         return None;
+    }
+    if e.rec.outer.is_some() {
+        for (v, (lo, hi)) in to.iter().zip(e.ranges()) {
+            e.rec.note_outer(Pred::Ge(v - lo));
+            e.rec.note_outer(Pred::Ge(hi - 1 - v));
+        }
     }
     e.set_numbers(&to)?;
     e.max_allocated = e.max_allocated.max(top);
     e.max_reserved = e.max_reserved.max(e.reserved);
     let advanced = i64::try_from(periods.checked_mul(i128::from(c.period))?).ok()?;
     q.checked_add(advanced)
+}
+
+/// What [`periods_left`] relied on for a pair of comparisons beyond their answers (which
+/// the period of periods logs as they are made), for a jump of `periods`, logged for the
+/// period of periods: the sign of the change from one period to the next, and where the
+/// comparison moves toward a change of answer, that it keeps its answer for `periods`
+/// periods and not for one more (so that no other comparison binds instead, each is
+/// logged at both); an equality that moves, or a remainder's, kept the same.
+fn relied(p: Pred, r: Pred, periods: i128, rec: &mut Rec) {
+    let at = |y: i128, s: i128, t: i128| y.saturating_add(s.saturating_mul(t));
+    match (p, r) {
+        (Pred::Ge(x), Pred::Ge(y)) => {
+            let s = y - x;
+            rec.note_outer(Pred::Code(s.signum()));
+            if (y >= 0 && s < 0) || (y < 0 && s > 0) {
+                rec.note_outer(Pred::Ge(s.signum() * s - 1));
+                rec.note_outer(Pred::Ge(at(y, s, periods)));
+                rec.note_outer(Pred::Ge(at(y, s, periods + 1)));
+            } else {
+                rec.note_outer(Pred::Ge(if y >= 0 { s } else { -s }));
+            }
+        }
+        (Pred::Eq(x), Pred::Eq(y)) => {
+            let s = y - x;
+            if s == 0 {
+                rec.note_outer(Pred::Eq(s));
+            } else {
+                rec.note_outer(Pred::Code(y));
+                rec.note_outer(Pred::Code(s));
+            }
+        }
+        (Pred::Mod(x, m), Pred::Mod(y, m2)) if m == m2 && m > 0 => {
+            // The remainders are affine along the periods of periods while their own
+            // `Mod`s (logged as made) hold.
+            let m = i128::from(m);
+            let (rx, ry) = (x.rem_euclid(m), y.rem_euclid(m));
+            let dr = ry - rx;
+            rec.note_outer(Pred::Code(dr.signum()));
+            if dr == 0 {
+                rec.note_outer(Pred::Eq(dr));
+            } else if dr > 0 {
+                rec.note_outer(Pred::Ge(dr - 1));
+                rec.note_outer(Pred::Ge(m - 1 - at(ry, dr, periods)));
+                rec.note_outer(Pred::Ge(m - 1 - at(ry, dr, periods + 1)));
+            } else {
+                rec.note_outer(Pred::Ge(-dr - 1));
+                rec.note_outer(Pred::Ge(at(ry, dr, periods) - 1));
+                rec.note_outer(Pred::Ge(at(ry, dr, periods + 1) - 1));
+            }
+        }
+        (Pred::Code(_), Pred::Code(_)) | (Pred::Track(_), Pred::Track(_)) => {}
+        _ => rec.note_outer(Pred::Code(-3)),
+    }
+}
+
+/// At a copy where an extension landed (after [`boundary`] jumped to `q`): the boundary of
+/// the periods of periods.
+fn landing(e: &mut Engine, w: &mut Watch, q: i64, copies: i64) -> Option<i64> {
+    boundary(e, w, true, q, copies)
 }
 
 #[cfg(test)]
@@ -2224,8 +2383,9 @@ mod tests {
         }
         // Four runs of 9,998 copies: a few copies played per segment filled (the second
         // step's backward too: where it takes blocks from segments repeated in units, the
-        // repetition's index moves by one every 512 copies, its remainder by 2 a copy).
-        assert_eq!(check(&p, 10_000), 286);
+        // repetition's index moves by one every 512 copies, its remainder by 2 a copy); 286
+        // before the periods of periods (`landing`) jumped over whole segment fills.
+        assert_eq!(check(&p, 10_000), 256);
         let p = program(&[2048, 4096], &[], 512, &[2048]);
         for n in [16, 339, 340, 341, 342, 683, 684, 685, 1500] {
             check(&p, n);
