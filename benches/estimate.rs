@@ -127,7 +127,9 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// ms -> 154-157/156-166 ms, max RSS 27.1 -> 12.9 MB (a signature kept per copy played).
 /// Then periods of periods (`sim::periodic::landing`: the copies where jumps land repeat
 /// too, whole segment fills jumped over): min/median of 7, interleaved (load 3.1-5.1), main
-/// 155-235/191-254 ms -> 81-91/86-120 ms, max RSS 27.4 -> 17.2 MB. Still past 50 ms: the
+/// 155-235/191-254 ms -> 81-91/86-120 ms, max RSS 27.4 -> 17.2 MB; this bench after it
+/// (wall, 3 samples, load ~5.4 on 2 cores): cuda 230-260 ms, median 243.5 ms (377-399 ms
+/// before at a like load); cpu 0.18-0.77 ms. Still past 50 ms: the
 /// runs whose jumps within a segment fill rely on a step between blocks of copies far apart
 /// (a merge's `Code`, which changes from one fill to the next) play a few copies per fill.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
