@@ -176,6 +176,11 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 /// 143 MB (JSON); page faults 92,827 -> 53,803 -> 52,015 (TOML), 65,436 -> 38,095 -> 36,308
 /// (JSON). Not met still: of the binary's time (perf, unnamed TOML) toml's own document
 /// parse is a fifth, the tracer a fifth, the replay a fifth (CUDA allocator model included).
+/// The back half since (2026-12-02, release binary, task-clock interleaved with cb8fb7b's at
+/// load ~5): the tape's rows smaller (a `Step` 264 -> 120 bytes: 32-bit ids, 16-byte
+/// `IdList`s, `RareList`s) and a layer's name kept once in its path, max RSS 212 -> 200 MB,
+/// unnamed min/median 294/432 -> 267/363 ms (named within the noise); `--format json`
+/// streamed rather than built as a `Value` (25 MB for 100,000 rows): 471/550 -> 307/383 ms.
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");

@@ -1416,7 +1416,7 @@ fn layer_reports(tape: &Tape, sim: &Simulation) -> Vec<LayerReport> {
         // Every layer but the input pseudo-layer, which has no kind.
         .filter_map(|(i, l)| l.kind.map(|kind| (i, l, kind)))
         .map(|(i, l, kind)| LayerReport {
-            name: l.name.clone(),
+            name: l.name().to_string(),
             path: l.path.clone(),
             kind,
             repeat: l.repeat,

@@ -455,7 +455,7 @@ pub(super) fn check_optimizer(
         crate::error::SettingKey::Optimizer,
         format!(
             "adafactor cannot step the 2-D parameters of `{}` as DTensors ({how}): PyTorch's factored second moment reduces along the sharded dimension and raises; {instead}",
-            layer.name
+            layer.name()
         ),
     ))
 }

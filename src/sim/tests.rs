@@ -155,7 +155,7 @@ impl Builder {
 fn layer(name: &str) -> LayerInfo {
     LayerInfo {
         path: name.into(),
-        name: name.into(),
+        name_start: 0,
         kind: None,
         repeat: 1,
         output_shape: Shape::default(),
@@ -193,7 +193,7 @@ fn train(tape: &Tape, plan: &OptimizerPlan<ValueId>) -> Outcome {
     Outcome {
         peak: r.peak,
         phase: r.peak_phase,
-        layer: r.peak_layer.map(|l| tape.layers[l].name.clone()),
+        layer: r.peak_layer.map(|l| tape.layers[l].name().to_string()),
         at_peak: r.at_peak,
         max: r.max,
         optimizer_temp,

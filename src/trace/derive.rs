@@ -455,7 +455,7 @@ fn step_at(a: &Step, b: &Step, x: Batches) -> Result<Step, NotDerived> {
 fn layer_at(a: &LayerInfo, b: &LayerInfo, x: Batches) -> Result<LayerInfo, NotDerived> {
     let LayerInfo {
         path,
-        name,
+        name_start,
         kind,
         repeat,
         output_shape,
@@ -464,7 +464,7 @@ fn layer_at(a: &LayerInfo, b: &LayerInfo, x: Batches) -> Result<LayerInfo, NotDe
         buffer_bytes,
     } = b;
     same(&a.path, path)?;
-    same(&a.name, name)?;
+    same(&a.name_start, name_start)?;
     same(&a.kind, kind)?;
     same(&a.repeat, repeat)?;
     same(&a.params, params)?;

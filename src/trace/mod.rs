@@ -113,7 +113,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
         in_block: false,
         written_copies: 1,
         block_kept: Vec::new(),
-        label: LayerAt::default(),
+        label: &NO_LAYER,
         quantized: std::collections::HashSet::new(),
         position_bias: None,
         deberta: None,
@@ -187,7 +187,7 @@ pub fn trace_pass(model: &Model, settings: &Settings, pass: Pass) -> Result<Tape
     t.tape.input_shape = shape.clone();
     t.tape.layers.push(LayerInfo {
         path: INPUT.into(),
-        name: INPUT.into(),
+        name_start: 0,
         kind: None,
         repeat: 1,
         output_shape: shape.clone(),
@@ -317,6 +317,12 @@ fn prune_unreached(tape: &mut Tape) {
     }
 }
 
+/// [`Tracer::label`] before the first layer.
+static NO_LAYER: LayerAt = LayerAt {
+    positions: Vec::new(),
+    label: String::new(),
+};
+
 struct Tracer<'a> {
     s: &'a Settings,
     /// The forward pass traced.
@@ -344,7 +350,9 @@ struct Tracer<'a> {
     /// Per enclosing block, innermost last: values a Python local keeps until the block returns
     /// (`add`'s `keep_inputs`), read by the block's closing [`AtenOp::Return`] step.
     block_kept: Vec<Vec<ValueId>>,
-    label: LayerAt,
+    /// The layer traced now, for errors (borrowed from the model: copying it was two
+    /// allocations per layer).
+    label: &'a LayerAt,
     /// Quantized weight values (their matmuls dequantize a transient copy).
     quantized: std::collections::HashSet<ValueId>,
     /// The relative position bias of the current stack (T5).
@@ -413,7 +421,7 @@ fn checked(v: Option<u64>, what: &str) -> Result<u64, Error> {
     v.ok_or_else(|| Error::Overflow(what.to_string()))
 }
 
-impl Tracer<'_> {
+impl<'a> Tracer<'a> {
     fn blank(&self) -> Step {
         Step {
             layer: self.cur_layer,
@@ -693,11 +701,11 @@ impl Tracer<'_> {
 
     /// Traces `layers` from `input`. `scopes` maps the names visible to them to their outputs,
     /// borrowing the names from the model (nothing is copied per layer).
-    fn layers<'m>(
+    fn layers(
         &mut self,
-        layers: &'m [Layer],
+        layers: &'a [Layer],
         input: ValueId,
-        scopes: &mut Vec<FastMap<&'m str, ValueId>>,
+        scopes: &mut Vec<FastMap<&'a str, ValueId>>,
         prefix: &str,
         repeat: u64,
     ) -> Result<ValueId, Error> {
@@ -705,7 +713,7 @@ impl Tracer<'_> {
         let mut chunked_loss_done = false;
         self.layer_params.push(HashMap::new());
         for (i, layer) in layers.iter().enumerate() {
-            self.label.clone_from(&layer.label);
+            self.label = &layer.label;
             if chunked_loss_done {
                 // The loss layer ran with the chunked head.
                 self.in_scope(scopes, &layer.name, prev);
@@ -813,7 +821,7 @@ impl Tracer<'_> {
                                 .and_then(|p| p.checked_mul(self.written_copies))
                                 .and_then(|t| t.checked_add(first_step as u64));
                             if total.is_none_or(|t| t > MAX_STEPS as u64) {
-                                self.label.clone_from(&layer.label);
+                                self.label = &layer.label;
                                 return Err(Error::layer(
                                     self.label.clone(),
                                     LayerErrorKind::TooManyOperators {
@@ -827,7 +835,7 @@ impl Tracer<'_> {
                             }
                         }
                         if self.tape.steps.len() > MAX_STEPS {
-                            self.label.clone_from(&layer.label);
+                            self.label = &layer.label;
                             return Err(self.err(format!("the model traces to more than {MAX_STEPS} operators after repeating blocks; lower `count`")));
                         }
                         x = self.tp_block_input(x)?;
@@ -886,7 +894,7 @@ impl Tracer<'_> {
                                 || (copy > 0 && after.dtype != before.dtype))
                         {
                             let (s2, d2) = (after.shape.clone(), after.dtype);
-                            self.label.clone_from(&layer.label);
+                            self.label = &layer.label;
                             return Err(self.err(format!(
                                 "a repeated block must keep its input's shape and dtype: input {} {}, output {s2} {d2}",
                                 before.shape, before.dtype
@@ -901,7 +909,7 @@ impl Tracer<'_> {
                             end: self.tape.steps.len(),
                         });
                     }
-                    self.label.clone_from(&layer.label);
+                    self.label = &layer.label;
                     let idx = self.layer_index[&std::ptr::from_ref(layer).addr()];
                     self.tape.layers[idx].output_shape = self.val(x).shape.clone();
                     x
@@ -934,7 +942,7 @@ impl Tracer<'_> {
     /// Why `--loss chunked-ce` found no LM head `linear` directly followed by a `cross_entropy`
     /// among the top-level `layers`: the layer between them (a logit scale or soft-cap), the
     /// model's other loss, or no loss; located at that layer (the last layer when none).
-    fn chunked_loss_blocked(&mut self, layers: &[Layer]) -> Error {
+    fn chunked_loss_blocked(&mut self, layers: &'a [Layer]) -> Error {
         const WHAT: &str = "--loss chunked-ce runs the LM head (a `linear`) chunk by chunk straight into `cross_entropy` (torchtune's CEWithChunkedOutputLoss)";
         let ce = layers
             .iter()
@@ -970,7 +978,7 @@ impl Tracer<'_> {
                 None => return self.err(format!("{WHAT}; the model has no layers")),
             },
         };
-        self.label.clone_from(at);
+        self.label = at;
         self.err(message)
     }
 
@@ -995,17 +1003,22 @@ impl Tracer<'_> {
     /// current layer; its row (and its path) is made the first time it is traced.
     fn enter_layer(&mut self, layer: &Layer, prefix: &str, repeat: u64) {
         let key = std::ptr::from_ref(layer).addr();
-        self.cur_layer = match self.layer_index.get(&key) {
-            Some(&i) => i,
-            None => {
+        // One hash per layer: its row is found or made through the entry.
+        self.cur_layer = match self.layer_index.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => *e.get(),
+            std::collections::hash_map::Entry::Vacant(e) => {
                 let path = if prefix.is_empty() {
                     layer.name.clone()
                 } else {
-                    format!("{prefix}.{}", layer.name)
+                    let mut path = String::with_capacity(prefix.len() + 1 + layer.name.len());
+                    path.push_str(prefix);
+                    path.push('.');
+                    path.push_str(&layer.name);
+                    path
                 };
                 let i = self.tape.layers.push_and_get_key(LayerInfo {
+                    name_start: path.len().saturating_sub(layer.name.len()),
                     path,
-                    name: layer.name.clone(),
                     kind: Some(layer.kind),
                     repeat,
                     output_shape: Shape::default(),
@@ -1013,8 +1026,7 @@ impl Tracer<'_> {
                     parameter_bytes: 0,
                     buffer_bytes: 0,
                 });
-                self.layer_index.insert(key, i);
-                i
+                *e.insert(i)
             }
         };
     }

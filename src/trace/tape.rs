@@ -404,10 +404,11 @@ pub struct Step {
 /// Per-layer facts for reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerInfo {
-    /// Dotted path, e.g. `blocks.attn`.
+    /// Dotted path, e.g. `blocks.attn`: the enclosing blocks' names, then the layer's.
     pub path: String,
-    /// Layer name.
-    pub name: String,
+    /// Where the layer's own name starts in `path` (a byte offset; 0 outside blocks): see
+    /// [`LayerInfo::name`]. The name is not stored twice.
+    pub name_start: usize,
     /// Kind; `None` for the input pseudo-layer (index 0).
     pub kind: Option<LayerKind>,
     /// Copies (product of enclosing repeat counts).
@@ -420,6 +421,14 @@ pub struct LayerInfo {
     pub parameter_bytes: u64,
     /// Buffer bytes of one copy.
     pub buffer_bytes: u64,
+}
+
+impl LayerInfo {
+    /// The layer's name: the end of its path (the whole path outside blocks).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.path.get(self.name_start..).unwrap_or(&self.path)
+    }
 }
 
 /// A parameter tensor.
@@ -553,6 +562,29 @@ mod tests {
         assert_eq!(rare, RareList::from(vec![3, 5]));
         assert_eq!(RareList::<u64>::from(Vec::new()), RareList::new());
         assert_eq!(format!("{rare:?}"), "[3, 5]");
+    }
+
+    #[test]
+    fn a_layer_name_is_the_end_of_its_path() {
+        let mut info = LayerInfo {
+            path: "blocks.attn".into(),
+            name_start: 7,
+            kind: None,
+            repeat: 1,
+            output_shape: Shape::default(),
+            params: 0,
+            parameter_bytes: 0,
+            buffer_bytes: 0,
+        };
+        assert_eq!(info.name(), "attn");
+        info.name_start = 0;
+        assert_eq!(info.name(), "blocks.attn");
+        // Not on a character boundary or past the end: the whole path, no panic.
+        info.path = "é.x".into();
+        info.name_start = 1;
+        assert_eq!(info.name(), "é.x");
+        info.name_start = 9;
+        assert_eq!(info.name(), "é.x");
     }
 
     /// What a 100,000-layer tape is made of: these sizes are its bytes per operator.
