@@ -174,6 +174,12 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 /// 143 MB (JSON); page faults 92,827 -> 53,803 -> 52,015 (TOML), 65,436 -> 38,095 -> 36,308
 /// (JSON). Not met still: of the binary's time (perf, unnamed TOML) toml's own document
 /// parse is a fifth, the tracer a fifth, the replay a fifth (CUDA allocator model included).
+/// 2026-12-02 07:40-08:05, the binary with mimalloc, task-clock min/median of 11 runs
+/// interleaved with main's (cb8fb7b) at load 3.5-6: the `[[layers]]` read ~32 KiB at a time
+/// (`spec/chunks.rs`), each layer read straight into `LayerSpec` (no flat struct of every key)
+/// and the model's layers dropped after the trace: unnamed TOML 293/413 -> 288/342 ms, named
+/// TOML 316/412 -> 282/335 ms; max RSS 211 -> 142 MB (unnamed), 213 -> 144 MB (named). This
+/// bench not rerun (its release build did not fit the session).
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");
