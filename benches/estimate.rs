@@ -181,6 +181,12 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 /// `IdList`s, `RareList`s) and a layer's name kept once in its path, max RSS 212 -> 200 MB,
 /// unnamed min/median 294/432 -> 267/363 ms (named within the noise); `--format json`
 /// streamed rather than built as a `Value` (25 MB for 100,000 rows): 471/550 -> 307/383 ms.
+/// 2026-12-02 07:40-08:05, the binary with mimalloc, task-clock min/median of 11 runs
+/// interleaved with main's (cb8fb7b) at load 3.5-6: the `[[layers]]` read ~32 KiB at a time
+/// (`spec/chunks.rs`), each layer read straight into `LayerSpec` (no flat struct of every key)
+/// and the model's layers dropped after the trace: unnamed TOML 293/413 -> 288/342 ms, named
+/// TOML 316/412 -> 282/335 ms; max RSS 211 -> 142 MB (unnamed), 213 -> 144 MB (named). This
+/// bench not rerun (its release build did not fit the session).
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");

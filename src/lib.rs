@@ -565,20 +565,20 @@ fn estimate_with(
         }
     }
     let tape = trace::trace(&model, &settings)?;
+    let whole = unsplit(&settings);
+    let name = std::mem::take(&mut model.name);
+    if whole.is_none() {
+        // Nothing reads the layers after the trace: their memory serves the replay's.
+        model.layers = Vec::new();
+    }
     let mut sim = sim::simulate_observed(&tape, &settings, observe)?;
-    if let Some(whole) = unsplit(&settings) {
+    if let Some(whole) = whole {
         // Tensor or context parallelism traces one rank's shapes: the model states "before
         // sharding" are those of the model traced whole.
         let tape = trace::trace(&model, &whole)?;
         sim.unsharded = sim::simulate(&tape, &whole)?.unsharded;
     }
-    Ok(Some(Report::new(
-        &model.name,
-        &settings,
-        &tape,
-        &sim,
-        budget,
-    )?))
+    Ok(Some(Report::new(&name, &settings, &tape, &sim, budget)?))
 }
 
 /// `settings` without tensor and context parallelism (the data-parallel plan alone), or `None`
