@@ -328,10 +328,12 @@ fn build_layers<'s>(
         let mut positions = parent.positions.clone();
         positions.push(i + 1);
         // An unnamed layer is `<kind><position>` (`relu2`), made unique against the names the
-        // block's layers are given.
+        // block's layers are given and the default names of the layers before it (`relu6` at
+        // position 1 and `relu` at position 61 are both `relu61`: the second is `relu61_2`).
         let name = spec.name.clone().unwrap_or_else(|| {
             let base = format!("{}{}", spec.kind, i + 1);
-            let taken = |n: &str| given.contains(n);
+            let scope = scopes.last().expect("a scope was pushed above");
+            let taken = |n: &str| given.contains(n) || scope.contains_key(n);
             if !taken(&base) {
                 return base;
             }
@@ -686,6 +688,27 @@ fn read_op(r: &mut KeyReader<'_>) -> Result<Op, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Default names are unique against the defaults before them too: `relu6` at position 1
+    /// and `relu` at position 61 both make `relu61` (found by the flat-layer work: a valid file
+    /// failed with "duplicate layer name").
+    #[test]
+    fn default_names_do_not_collide() {
+        let mut src = String::from("[input]\nshape = [4]\n[[layers]]\nkind = \"relu6\"\n");
+        for _ in 0..60 {
+            src.push_str("[[layers]]\nkind = \"relu\"\n");
+        }
+        src.push_str("[[layers]]\nkind = \"relu\"\nname = \"relu62\"\n");
+        src.push_str("[[layers]]\nkind = \"relu\"\n");
+        let spec = crate::spec::parse(&src, crate::spec::Format::Toml, kind_keys).unwrap();
+        let model = build(&spec, "m").unwrap();
+        let names: Vec<&str> = model.layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names.len(), 63);
+        assert_eq!(
+            (names[0], names[1], names[60], names[61], names[62]),
+            ("relu61", "relu2", "relu61_2", "relu62", "relu63")
+        );
+    }
 
     #[test]
     fn kind_keys_are_what_the_readers_read() {
