@@ -255,4 +255,77 @@ mod tests {
             assert!(parse(src).is_none(), "{src}");
         }
     }
+
+    /// Every TOML model the project ships or keeps (examples, test fixtures, the fuzz corpus),
+    /// as written and with each of its lines a header (`[[layers]]`, a sub-table of an element,
+    /// another table) moved, doubled or dropped: wherever reading in parts gives a spec, reading
+    /// whole gives the same one; wherever reading whole fails, reading in parts gives none.
+    #[test]
+    fn parts_read_as_the_whole_file_reads() {
+        use proptest::prelude::*;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut seeds = Vec::new();
+        for dir in [
+            "examples",
+            "tests/fixtures",
+            "tests/fixtures/extra",
+            "tests/fuzz/corpus",
+        ] {
+            for entry in std::fs::read_dir(root.join(dir)).expect("dir") {
+                let path = entry.expect("entry").path();
+                if path.extension().is_some_and(|e| e == "toml") {
+                    let text = std::fs::read_to_string(&path).expect("reads");
+                    // The corpus's first line is its flags (`#!memest …`): a TOML comment.
+                    seeds.push(text);
+                }
+            }
+        }
+        assert!(seeds.len() > 40, "{} seed files", seeds.len());
+        let check = |src: &str| -> Result<(), TestCaseError> {
+            let whole = toml::from_str::<ModelSpec>(src);
+            match (parse(src), whole) {
+                (Some(parts), Ok(whole)) => prop_assert_eq!(
+                    serde_json::to_string(&parts).unwrap(),
+                    serde_json::to_string(&whole).unwrap()
+                ),
+                (Some(_), Err(e)) => prop_assert!(false, "read in parts, not whole ({e}):\n{src}"),
+                (None, _) => {}
+            }
+            Ok(())
+        };
+        let mut cut = 0;
+        for seed in &seeds {
+            check(seed).unwrap();
+            cut += usize::from(parse(seed).is_some());
+        }
+        // Most shipped files cut plainly; the property is not vacuous.
+        assert!(cut * 2 > seeds.len(), "{cut} of {} cut", seeds.len());
+        const HEADERS: [&str; 7] = [
+            "[[layers]]",
+            "[[layers.layers]]",
+            "[layers.inputs]",
+            "[defaults]",
+            "[input]",
+            "[inputs.x]",
+            "layers = []",
+        ];
+        let edit = (
+            0..seeds.len(),
+            proptest::collection::vec((0..4u8, any::<usize>(), any::<usize>()), 1..6),
+        );
+        proptest!(ProptestConfig::with_cases(512), |((which, edits) in edit)| {
+            let mut lines: Vec<String> = seeds[which].lines().map(String::from).collect();
+            for (op, a, b) in edits {
+                let n = lines.len().max(1);
+                let (a, b) = (a % n, b % n);
+                match op {
+                    0 if !lines.is_empty() => { let l = lines.remove(a); lines.insert(b.min(lines.len()), l); }
+                    1 if !lines.is_empty() => { let l = lines[a].clone(); lines.insert(b, l); }
+                    2 if !lines.is_empty() => { lines.remove(a); }
+                    _ => lines.insert(a.min(lines.len()), HEADERS[b % HEADERS.len()].to_string()),
+                }
+            }
+            check(&(lines.join("\n") + "\n"))?;
+        });
+    }
 }
