@@ -86,7 +86,9 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 /// tried (the previous commit), 16.5 ms now; JSON identical. This bench after: median
 /// 22.6 ms, fastest 17.6 ms (load 5.4; 31 ms on main as measured before this work). What is
 /// left toward 5 ms: the allocator plays about 124 copies of each run (~9 ms), and the three
-/// traces (4, 5, 6 layers) with their program cost the rest.
+/// traces (4, 5, 6 layers) with their program cost the rest. On main (2d3c286), 2026-12-02
+/// 08:25, load ~1.5: this bench median 14.5 ms (fastest 10.5); the binary task-clock min/median
+/// of 9: 17/18 ms, max RSS 25 MB. Not met; the same two costs.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
@@ -132,6 +134,8 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// before at a like load); cpu 0.18-0.77 ms. Still past 50 ms: the
 /// runs whose jumps within a segment fill rely on a step between blocks of copies far apart
 /// (a merge's `Code`, which changes from one fill to the next) play a few copies per fill.
+/// On main (2d3c286), 2026-12-02 08:25, load ~1.5: this bench cuda median 75.0 ms (fastest
+/// 74.3), cpu 0.28 ms; the binary task-clock min/median of 9: 81/102 ms, max RSS 17.1 MB.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
@@ -156,8 +160,8 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 }
 
 /// 100,000 `relu` layers in one flat list, named (`name = "rN"`) or not (each gets a default
-/// name checked against its siblings' names). Target: at most 300 ms, linear in the count.
-/// Not met. Measured 2026-12-02 on 2 shared cores at load ~7, this bench, median (fastest),
+/// name checked against its siblings' names). Target: at most 300 ms, linear in the count:
+/// met since 2026-12-02 08:25 (the last lines). Measured 2026-12-02 on 2 shared cores at load ~7, this bench, median (fastest),
 /// before -> after the flat-layer work (toml's `fast_hash`, shapes in place, no `Op` copies in
 /// the graph's scopes, the tracer's tables sized up front and only referenced names in scope):
 /// (100000, false) 1.745 s (1.522) -> 1.181 s (1.041), (100000, true) 1.628 s (1.338) ->
@@ -185,8 +189,14 @@ fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
 /// interleaved with main's (cb8fb7b) at load 3.5-6: the `[[layers]]` read ~32 KiB at a time
 /// (`spec/chunks.rs`), each layer read straight into `LayerSpec` (no flat struct of every key)
 /// and the model's layers dropped after the trace: unnamed TOML 293/413 -> 288/342 ms, named
-/// TOML 316/412 -> 282/335 ms; max RSS 211 -> 142 MB (unnamed), 213 -> 144 MB (named). This
-/// bench not rerun (its release build did not fit the session).
+/// TOML 316/412 -> 282/335 ms; max RSS 211 -> 142 MB (unnamed), 213 -> 144 MB (named).
+/// All of it on main (2d3c286), 2026-12-02 08:25, load ~1.5: this bench, median (fastest),
+/// (100000, false) 282.4 ms (250.0), (100000, true) 270.5 ms (243.3), (10000, false) 21.8 ms
+/// (21.3), (10000, true) 21.3 ms (19.7); the stages (`flat_layers_stage`) parse 73, build 46,
+/// trace 45, simulate 49, report 13 ms. The binary, task-clock min/median of 9 (load ~1.4):
+/// unnamed TOML 235/270 ms, named TOML 253/304 ms, unnamed JSON 186/273 ms, named JSON
+/// 190/238 ms, 10,000 unnamed TOML 41/47 ms; max RSS 126-138 MB; `--format json` (a 25 MB
+/// document) 299/351 ms.
 #[divan::bench(args = [(10_000, false), (100_000, false), (10_000, true), (100_000, true)], sample_count = 3, sample_size = 1)]
 fn flat_layers(bencher: divan::Bencher, (n, named): (usize, bool)) {
     let mut src = String::from("[input]\nshape = [16]\n");
