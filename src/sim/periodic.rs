@@ -1301,78 +1301,57 @@ impl Engine {
         v
     }
 
-    /// The state's numbers in a fixed order (address order, depth first): every repetition's
-    /// count, every free block's size, every handed-out block's size and owner's first copy;
-    /// then the allocated and reserved bytes.
-    fn numbers(&self) -> Vec<i128> {
-        fn item<T>(it: &Item<T>, v: &mut Vec<i128>, elem: &dyn Fn(&T, &mut Vec<i128>)) {
+    /// Calls `f` with each of the state's numbers in a fixed order (address order, depth first)
+    /// and the range `lo..hi` it must stay in for [`Engine::set_numbers`]: every repetition's
+    /// count (at least 2 where `many`, else 1), every free block's size, every handed-out
+    /// block's size and owner's first copy; then the allocated and reserved bytes. One walk
+    /// for [`Engine::numbers`] and [`Engine::ranges`], so their orders cannot part.
+    fn each_number(&self, f: &mut dyn FnMut(i128, Range)) {
+        type Visit<'a> = &'a mut dyn FnMut(i128, Range);
+        fn item<T>(it: &Item<T>, f: Visit<'_>, elem: &dyn Fn(&T, Visit<'_>)) {
             match it {
-                Item::Free(f) => v.push(i128::from(*f)),
-                Item::Rep { count, unit, .. } => {
-                    v.push(i128::from(*count));
+                Item::Free(x) => f(i128::from(*x), (1, LIMIT)),
+                Item::Rep { count, many, unit } => {
+                    f(i128::from(*count), if *many { (2, LIMIT) } else { (1, 2) });
                     for e in unit {
-                        elem(e, v);
+                        elem(e, f);
                     }
                 }
             }
         }
-        fn blk(b: &Blk, v: &mut Vec<i128>) {
-            v.push(i128::from(b.size));
-            v.push(i128::from(b.owner.c0));
+        fn blk(b: &Blk, f: Visit<'_>) {
+            f(i128::from(b.size), (1, LIMIT));
+            f(i128::from(b.owner.c0), (-LIMIT, LIMIT));
         }
-        fn node(n: &Node, v: &mut Vec<i128>) {
+        fn node(n: &Node, f: Visit<'_>) {
             match n {
                 Node::Seg(seg) => {
                     for it in &seg.items {
-                        item(it, v, &blk);
+                        item(it, f, &blk);
                     }
                 }
-                Node::Grp(it) => item(it, v, &node),
+                Node::Grp(it) => item(it, f, &node),
             }
         }
-        let mut v = Vec::new();
         for g in &self.groups {
-            item(g, &mut v, &node);
+            item(g, f, &node);
         }
-        v.push(self.allocated);
-        v.push(self.reserved);
+        f(self.allocated, (0, LIMIT));
+        f(self.reserved, (0, LIMIT));
+    }
+
+    /// The state's numbers ([`Engine::each_number`]'s order).
+    fn numbers(&self) -> Vec<i128> {
+        let mut v = Vec::new();
+        self.each_number(&mut |x, _| v.push(x));
         v
     }
 
     /// The range `lo..hi` each number ([`Engine::numbers`], the same order) must stay in for
     /// [`Engine::set_numbers`].
     fn ranges(&self) -> Vec<Range> {
-        fn item<T>(it: &Item<T>, v: &mut Vec<Range>, elem: &dyn Fn(&T, &mut Vec<Range>)) {
-            match it {
-                Item::Free(_) => v.push((1, LIMIT)),
-                Item::Rep { many, unit, .. } => {
-                    v.push(if *many { (2, LIMIT) } else { (1, 2) });
-                    for e in unit {
-                        elem(e, v);
-                    }
-                }
-            }
-        }
-        fn blk(_: &Blk, v: &mut Vec<Range>) {
-            v.push((1, LIMIT));
-            v.push((-LIMIT, LIMIT));
-        }
-        fn node(n: &Node, v: &mut Vec<Range>) {
-            match n {
-                Node::Seg(seg) => {
-                    for it in &seg.items {
-                        item(it, v, &blk);
-                    }
-                }
-                Node::Grp(it) => item(it, v, &node),
-            }
-        }
         let mut v = Vec::new();
-        for g in &self.groups {
-            item(g, &mut v, &node);
-        }
-        v.push((0, LIMIT));
-        v.push((0, LIMIT));
+        self.each_number(&mut |_, r| v.push(r));
         v
     }
 
