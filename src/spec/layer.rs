@@ -169,42 +169,6 @@ macro_rules! layer_keys {
                 }
                 Ok(())
             }
-
-            /// Reads the keys in [`FIELDS`]' order from `seq` (serde's form of a struct as a
-            /// sequence); `Err` with the count read when it ends early.
-            #[allow(unused_assignments)] // the count after the last key is not read
-            fn read_seq<'de, A: serde::de::SeqAccess<'de>>(
-                seq: &mut A,
-            ) -> Result<Result<LayerSpec, usize>, A::Error> {
-                let mut read = 0;
-                macro_rules! next {
-                    () => {
-                        match seq.next_element()? {
-                            Some(v) => {
-                                read += 1;
-                                v
-                            }
-                            None => return Ok(Err(read)),
-                        }
-                    };
-                }
-                let kind: LayerKind = next!();
-                let mut spec = LayerSpec { kind, ..LayerSpec::default() };
-                spec.name = next!();
-                spec.inputs = next!();
-                spec.trainable = next!();
-                spec.shares = next!();
-                spec.count = next!();
-                spec.layers = next!();
-                $({
-                    let value: Option<$ty> = next!();
-                    if value.is_some() {
-                        spec.keys.get_or_insert_with(Box::default).$field = value;
-                    }
-                })*
-                spec.note = next!();
-                Ok(Ok(spec))
-            }
         }
     };
 }
@@ -212,7 +176,8 @@ macro_rules! layer_keys {
 /// Reads a layer straight into a [`LayerSpec`], as serde's derive of one flat struct of every
 /// key would (`deny_unknown_fields`, the same messages for an unknown, duplicate or missing
 /// key), without that struct: a slot for every key of every kind, 1,300 bytes, filled and
-/// copied per layer, was a third of reading 100,000 plain layers.
+/// copied per layer, was a third of reading 100,000 plain layers. A layer written as a list
+/// (serde's positional form of a struct) is refused: `expected a table of keys, got a list`.
 impl<'de> Deserialize<'de> for LayerSpec {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
@@ -241,18 +206,6 @@ impl<'de> Deserialize<'de> for LayerSpec {
                 }
                 spec.kind = kind.ok_or_else(|| A::Error::missing_field("kind"))?;
                 Ok(spec)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<LayerSpec, A::Error> {
-                LayerSpec::read_seq(&mut seq)?.map_err(|read| {
-                    A::Error::invalid_length(
-                        read,
-                        // The words of serde's derive for the flat struct this replaces.
-                        &format!("struct FlatLayer with {} elements", FIELDS.len()).as_str(),
-                    )
-                })
             }
         }
         d.deserialize_struct("LayerSpec", FIELDS, V)

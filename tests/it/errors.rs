@@ -779,3 +779,20 @@ fn python_nan_in_a_memest_json_file_is_explained() {
         )
     );
 }
+
+/// A layer written as a list rather than a table is refused in the reader's words (it was
+/// `invalid length 1, expected struct FlatLayer with 121 elements`, serde's positional form
+/// of a struct), with its position.
+#[test]
+fn a_layer_written_as_a_list_is_refused_plainly() {
+    let json = TempModel::new(
+        "json",
+        "{\"input\": {\"shape\": [4]}, \"layers\": [[\"relu\"]]}",
+    );
+    let err = fails(&[json.arg()]);
+    assert_has(&err, &[":1:38: expected a table of keys, got a list"]);
+    assert!(!err.contains("struct"), "{err}");
+    let toml = TempModel::new("toml", "layers = [[\"relu\"]]\n[input]\nshape = [4]\n");
+    let err = fails(&[toml.arg()]);
+    assert_has(&err, &[":1:11: expected a table of keys, got a list"]);
+}
