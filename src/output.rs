@@ -12,6 +12,24 @@ use memest::units::format_bytes;
 /// The buffer the JSON is streamed through (bytes).
 const JSON_BUFFER: usize = 1 << 16;
 
+/// Writes a JSON document (`write`: [`memest::Report::write_json`] or
+/// [`memest::report::SweepReport::write_json`]) and a final newline to `out` as it is made
+/// (25 MB for 100,000 layers), through a buffer: standard output is line-buffered, a write per
+/// line. `what` names the document in the error.
+fn write_json(
+    out: &mut impl Write,
+    what: &str,
+    write: impl FnOnce(&mut io::BufWriter<&mut dyn Write>) -> serde_json::Result<()>,
+) -> Result<()> {
+    let mut w = io::BufWriter::with_capacity(JSON_BUFFER, out as &mut dyn Write);
+    write(&mut w)
+        .map_err(io::Error::from)
+        .with_context(|| format!("failed to serialize the {what}"))?;
+    writeln!(w)?;
+    w.flush()?;
+    Ok(())
+}
+
 /// Prints one report in the chosen format to `out`; exit 1 when it is over the budget (one line
 /// on `err`, standard error: total, budget, overshoot).
 ///
@@ -26,15 +44,7 @@ pub fn print_report(
     let units = opts.units;
     match opts.format {
         OutputFormat::Json => {
-            // Streamed (25 MB for 100,000 layers), through a buffer: standard output is
-            // line-buffered, a write per line.
-            let mut w = io::BufWriter::with_capacity(JSON_BUFFER, &mut *out);
-            report
-                .write_json(&mut w)
-                .map_err(io::Error::from)
-                .context("failed to serialize the report")?;
-            writeln!(w)?;
-            w.flush()?;
+            write_json(out, "report", |w| report.write_json(w))?;
         }
         OutputFormat::Markdown => {
             write!(
@@ -121,13 +131,7 @@ pub fn print_sweep(
     let units = opts.units;
     match opts.format {
         OutputFormat::Json => {
-            let mut w = io::BufWriter::with_capacity(JSON_BUFFER, &mut *out);
-            swept
-                .write_json(&mut w)
-                .map_err(io::Error::from)
-                .context("failed to serialize the sweep")?;
-            writeln!(w)?;
-            w.flush()?;
+            write_json(out, "sweep", |w| swept.write_json(w))?;
         }
         OutputFormat::Markdown => {
             write!(
