@@ -40,6 +40,10 @@
 
 use std::collections::HashMap;
 
+/// A hash map with foldhash's fast hasher: the places, sites and names hashed here are small
+/// keys looked up once per event or operation, where std's SipHash showed in profiles.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 use serde_json::Value;
 
 use crate::graph::{Layer, Model, Node};
@@ -186,7 +190,7 @@ struct Place {
 type Points = Vec<(u64, [i128; WIDTH], Option<LayerId>)>;
 
 /// The events of one trace by place.
-type Places = HashMap<Place, Points>;
+type Places = Map<Place, Points>;
 
 fn places(t: &Traced, m: u64) -> Option<Places> {
     let b = &t.block;
@@ -209,7 +213,7 @@ fn places(t: &Traced, m: u64) -> Option<Places> {
             k => (Region::Middle, k as u64),
         }
     };
-    let mut out: Places = HashMap::new();
+    let mut out: Places = Map::default();
     for (e, ev) in t.events.iter().enumerate() {
         let (kind, step) = match ev.at {
             At::Start => (0, None),
@@ -636,7 +640,7 @@ const MIN_ALLOCATOR_BUDGET: u64 = 1_000_000;
 /// by the allocator); then it is played at `n` copies ([`periodic::run`], extended where that
 /// pays). `None` on any mismatch.
 fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
-    let mut sites = HashMap::new();
+    let mut sites = Map::default();
     let raw: Vec<Vec<Raw>> = traced
         .iter()
         .zip(TRACED)
@@ -696,7 +700,7 @@ enum Raw {
 /// copy) and the ordinal of its request among that owner's (in that copy): the same name in
 /// every copy. An operation is in a run when the step being processed (or the block's owner)
 /// is in a middle copy.
-fn raw_program(t: &Traced, m: u64, sites: &mut HashMap<Site, u32>) -> Option<Vec<Raw>> {
+fn raw_program(t: &Traced, m: u64, sites: &mut Map<Site, u32>) -> Option<Vec<Raw>> {
     let ops = t.heap.as_ref()?;
     let b = &t.block;
     let first = *b.starts.first()?;
@@ -721,8 +725,8 @@ fn raw_program(t: &Traced, m: u64, sites: &mut HashMap<Site, u32>) -> Option<Vec
         let c = class(at?).1?;
         (1..=last_middle).contains(&c).then_some(c)
     };
-    let mut ordinals: HashMap<Site, u32> = HashMap::new();
-    let mut names: HashMap<u64, (u32, Option<i64>)> = HashMap::new();
+    let mut ordinals: Map<Site, u32> = Map::default();
+    let mut names: Map<u64, (u32, Option<i64>)> = Map::default();
     let mut out: Vec<Raw> = Vec::new();
     // The current run's operations with their copies.
     let mut run: Vec<(i64, Op)> = Vec::new();
