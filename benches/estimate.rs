@@ -88,7 +88,14 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 /// left toward 5 ms: the allocator plays about 124 copies of each run (~9 ms), and the three
 /// traces (4, 5, 6 layers) with their program cost the rest. On main (2d3c286), 2026-12-02
 /// 08:25, load ~1.5: this bench median 14.5 ms (fastest 10.5); the binary task-clock min/median
-/// of 9: 17/18 ms, max RSS 25 MB. Not met; the same two costs.
+/// of 9: 17/18 ms, max RSS 25 MB. Not met; the same two costs. 2026-12-02 10:20 (load ~1):
+/// this bench median 9.7 ms (fastest 9.3); the binary 12/13 ms. By instruction count
+/// (callgrind, the binary, 78.5 million after foldhash in `symbolic`'s maps, 86.0 before),
+/// `periodic::run` is two thirds: the allocator plays 124 copies of each of the step's 13
+/// runs, about 58,000 requests and frees at about 900 instructions each, 41% of the total in
+/// the large pool's B-tree (about 1,800 free blocks: the 20 MiB segments of the 1-10 MiB
+/// requests). The encoded state cannot take it over: the state repeats only every 7-8
+/// layers, each leaving 11 segments. The traces' own simulations are a sixth.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
@@ -136,6 +143,11 @@ fn llama_3_1_405b_config(bencher: divan::Bencher) {
 /// (a merge's `Code`, which changes from one fill to the next) play a few copies per fill.
 /// On main (2d3c286), 2026-12-02 08:25, load ~1.5: this bench cuda median 75.0 ms (fastest
 /// 74.3), cpu 0.28 ms; the binary task-clock min/median of 9: 81/102 ms, max RSS 17.1 MB.
+/// Met since 172e616 (2026-12-02 10:05): the periods of periods rely on an equality that
+/// moves (a repetition's count falling toward 0) by its signs and where it meets 0, not its
+/// exact value, so every segment fill of the second step's runs is jumped over too (12,869 ->
+/// 1,681 copies played). This bench after (load ~1): cuda median 9.8 ms (fastest 9.8), cpu
+/// 0.12 ms; the binary task-clock min/median of 7: 74/75 -> 11/11 ms, max RSS 17.7 MB.
 #[divan::bench(args = ["cpu", "cuda"], sample_count = 3, sample_size = 1)]
 fn repeat_100k_copies(bencher: divan::Bencher, device: &str) {
     let src = "[input]\nshape = [512]\n[[layers]]\nkind = \"repeat\"\ncount = 100000\n[[layers.layers]]\nkind = \"linear\"\nout_features = 512\n[[layers.layers]]\nkind = \"relu\"\n";
