@@ -2064,7 +2064,10 @@ fn jump(e: &mut Engine, c: &Candidate, log: &[Pred], q: i64, copies: i64) -> Opt
 /// period of periods: the sign of the change from one period to the next, and where the
 /// comparison moves toward a change of answer, that it keeps its answer for `periods`
 /// periods and not for one more (so that no other comparison binds instead, each is
-/// logged at both); an equality that moves, or a remainder's, kept the same.
+/// logged at both); for an equality that moves, the signs of its value and change and,
+/// moving toward 0, where it is one period past the jump (0, or still on its side); a
+/// remainder's change likewise. An equality that passes 0 between two periods (whether it
+/// meets 0 is then a divisibility) is kept exactly.
 fn relied(p: Pred, r: Pred, periods: i128, rec: &mut Rec) {
     let at = |y: i128, s: i128, t: i128| y.saturating_add(s.saturating_mul(t));
     match (p, r) {
@@ -2086,10 +2089,10 @@ fn relied(p: Pred, r: Pred, periods: i128, rec: &mut Rec) {
             } else {
                 // Both values are nonzero (the same answer, and they differ). The value and
                 // its change keep their signs; moving away from 0 it never meets it, and
-                // moving toward 0 it bound `periods` only if it meets 0 by one period more:
-                // that it stays on its side (or meets 0 exactly there) is logged. Where it
-                // passes 0 between two periods, whether it meets it is a divisibility:
-                // the exact values are kept.
+                // moving toward 0 it bound `periods` only if it is 0 exactly one period past
+                // the jump (`end == 0`): that it is 0 there, or still on its side, is logged.
+                // Where it passes 0 between two periods, whether it meets it is a
+                // divisibility: the exact values are kept.
                 let (sy, ss) = (y.signum(), s.signum());
                 rec.note_outer(Pred::Code(sy));
                 rec.note_outer(Pred::Code(ss));
