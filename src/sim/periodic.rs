@@ -2475,6 +2475,21 @@ mod tests {
         ]
     }
 
+    /// Step-like programs of small blocks (512 B to 4 KiB, so that a 2 MiB segment holds 512
+    /// to 4,096 of them and fills at many places in a period).
+    fn small_program() -> impl Strategy<Value = Vec<Stretch>> {
+        let block = || (1u64..9).prop_map(|k| k * 512);
+        (
+            prop::collection::vec(block(), 1..3),
+            prop::collection::vec(block(), 0..2),
+            block(),
+            prop::collection::vec(block(), 0..2),
+        )
+            .prop_map(|(kept, transient, handoff, grads)| {
+                program(&kept, &transient, handoff, &grads)
+            })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig {
             cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64),
@@ -2501,14 +2516,7 @@ mod tests {
         /// Small blocks over counts past a 2 MiB segment's 1,024 blocks of 2 KiB, so that
         /// segments fill at many places in a period.
         #[test]
-        fn random_small_programs_match_the_allocator(
-            kept in prop::collection::vec((1u64..9).prop_map(|k| k * 512), 1..3),
-            transient in prop::collection::vec((1u64..9).prop_map(|k| k * 512), 0..2),
-            handoff in (1u64..9).prop_map(|k| k * 512),
-            grads in prop::collection::vec((1u64..9).prop_map(|k| k * 512), 0..2),
-            n in 3i64..2600,
-        ) {
-            let p = program(&kept, &transient, handoff, &grads);
+        fn random_small_programs_match_the_allocator(p in small_program(), n in 3i64..2600) {
             check(&p, n);
         }
 
@@ -2542,13 +2550,9 @@ mod tests {
         /// whole segment fills are jumped over (periods of periods, [`landing`]).
         #[test]
         fn random_small_programs_over_many_fills_match_the_allocator(
-            kept in prop::collection::vec((1u64..9).prop_map(|k| k * 512), 1..3),
-            transient in prop::collection::vec((1u64..9).prop_map(|k| k * 512), 0..2),
-            handoff in (1u64..9).prop_map(|k| k * 512),
-            grads in prop::collection::vec((1u64..9).prop_map(|k| k * 512), 0..2),
+            p in small_program(),
             n in 2600i64..20_000,
         ) {
-            let p = program(&kept, &transient, handoff, &grads);
             check(&p, n);
         }
     }
