@@ -40,10 +40,6 @@
 
 use std::collections::HashMap;
 
-/// A hash map with foldhash's fast hasher: the places, sites and names hashed here are small
-/// keys looked up once per event or operation, where std's SipHash showed in profiles.
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
 use serde_json::Value;
 
 use crate::graph::{Layer, Model, Node};
@@ -52,6 +48,10 @@ use crate::settings::Settings;
 use crate::sim::periodic::{self, CopyRef, Name, Op, Stretch};
 use crate::sim::{AllocatorPeaks, At, Category, Event, HeapOp, Held, Phase, Simulation};
 use crate::trace::{BlockCopies, LayerId, MAX_STEPS, Tape};
+
+/// A hash map with foldhash's fast hasher: the places, sites and names hashed here are small
+/// keys looked up once per event or operation, where std's SipHash showed in profiles.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The counts a block is traced with: with a first and a last copy apart, the middle copies
 /// `1..=m-2` give two, three and four points per place.
