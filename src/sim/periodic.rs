@@ -2065,8 +2065,8 @@ fn jump(e: &mut Engine, c: &Candidate, log: &[Pred], q: i64, copies: i64) -> Opt
 /// comparison moves toward a change of answer, that it keeps its answer for `periods`
 /// periods and not for one more (so that no other comparison binds instead, each is
 /// logged at both); for an equality that moves, the signs of its value and change and,
-/// moving toward 0, where it is one period past the jump (0, or still on its side); a
-/// remainder's change likewise. An equality that passes 0 between two periods (whether it
+/// moving toward 0, that it has not passed 0 one period past the jump; a remainder's change
+/// likewise. An equality that passes 0 between two periods (whether it
 /// meets 0 is then a divisibility) is kept exactly.
 fn relied(p: Pred, r: Pred, periods: i128, rec: &mut Rec) {
     let at = |y: i128, s: i128, t: i128| y.saturating_add(s.saturating_mul(t));
@@ -2089,10 +2089,10 @@ fn relied(p: Pred, r: Pred, periods: i128, rec: &mut Rec) {
             } else {
                 // Both values are nonzero (the same answer, and they differ). The value and
                 // its change keep their signs; moving away from 0 it never meets it, and
-                // moving toward 0 it bound `periods` only if it is 0 exactly one period past
-                // the jump (`end == 0`): that it is 0 there, or still on its side, is logged.
-                // Where it passes 0 between two periods, whether it meets it is a
-                // divisibility: the exact values are kept.
+                // moving toward 0 it bounds the jump at `periods` or more as long as it has
+                // not passed 0 one period past the jump (`end`, 0 there binding at exactly
+                // `periods`): that is logged. Where it passes 0 between two periods, whether
+                // it meets it is a divisibility: the exact values are kept.
                 let (sy, ss) = (y.signum(), s.signum());
                 rec.note_outer(Pred::Code(sy));
                 rec.note_outer(Pred::Code(ss));
@@ -2101,7 +2101,6 @@ fn relied(p: Pred, r: Pred, periods: i128, rec: &mut Rec) {
                 if sy != ss {
                     let end = at(y, s, periods + 1);
                     if end == 0 || end.signum() == sy {
-                        rec.note_outer(Pred::Eq(end));
                         rec.note_outer(Pred::Ge(sy * end));
                     } else {
                         rec.note_outer(Pred::Code(y));
@@ -2473,6 +2472,61 @@ mod tests {
             Just(10 * MIB),
             (10u64..40).prop_map(|k| k * MIB + 4096),
         ]
+    }
+
+    /// What [`relied`] logs for an equality that moves keeps the periods of periods exact: for
+    /// every pair of values `x`, `y` moving affinely from one period of periods to the next
+    /// (value and change alike), where the outer [`periods_left`] lets the jump go over `k`
+    /// periods of periods, the inner jump in each of them takes the same number of periods
+    /// with the same answers as the last one seen. Brute force over small values, the other
+    /// comparisons binding at `cap` periods (a moving equality alone binds where it meets 0
+    /// first: counts falling by 1 to 3 a period).
+    #[test]
+    fn a_moving_equality_keeps_periods_of_periods_exact() {
+        // The inner jump at outer index `j`: its log and the periods it takes, if it jumps.
+        let inner = |y0: i128, dy: i128, s0: i128, ds: i128, cap: i128, j: i128| {
+            let (y, s) = (y0 + dy * j, s0 + ds * j);
+            let x = y - s;
+            let left = periods_left(&[Pred::Eq(x)], &[Pred::Eq(y)])?;
+            let periods = left.min(cap);
+            let mut rec = Rec {
+                outer: Some(vec![Pred::Eq(x), Pred::Eq(y), Pred::Code(periods)]),
+                ..Rec::default()
+            };
+            relied(Pred::Eq(x), Pred::Eq(y), periods, &mut rec);
+            Some((periods, x == 0, y == 0, rec.outer?))
+        };
+        let mut jumps = 0;
+        for y0 in -20..=20 {
+            for dy in -3..=3 {
+                for s0 in -3..=3 {
+                    for ds in -1..=1 {
+                        for cap in 1..=8 {
+                            let f = |j| inner(y0, dy, s0, ds, cap, j);
+                            let (Some(a), Some(b)) = (f(0), f(1)) else {
+                                continue;
+                            };
+                            if a.0 < 1 || b.0 < 1 {
+                                continue;
+                            }
+                            let Some(k) = periods_left(&a.3, &b.3) else {
+                                continue;
+                            };
+                            jumps += 1;
+                            for j in 2..=k.saturating_add(1).min(40) {
+                                let c = f(j).map(|c| (c.0, c.1, c.2));
+                                assert_eq!(
+                                    c,
+                                    Some((b.0, b.1, b.2)),
+                                    "y0 {y0} dy {dy} s0 {s0} ds {ds} cap {cap} j {j} of {k}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(jumps > 1000, "{jumps} outer jumps tried");
     }
 
     /// Step-like programs of small blocks (512 B to 4 KiB, so that a 2 MiB segment holds 512
