@@ -2544,13 +2544,22 @@ mod tests {
             })
     }
 
-    proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64),
+    /// `cases` cases (unless `PROPTEST_CASES` asks for another count) from a fixed seed, with
+    /// no failures persisted.
+    fn config(cases: u32, seed: u64) -> ProptestConfig {
+        ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(cases),
             failure_persistence: None,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(20_261_201),
+            rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
             ..ProptestConfig::default()
-        })]
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(64, 20_261_201))]
 
         /// Random step-like programs over every size class: played copy by copy and extended,
         /// the peaks are those of the allocator ([`crate::alloc::replay`]) on the expanded
@@ -2593,12 +2602,7 @@ mod tests {
     proptest! {
         // Each case plays up to 20,000 copies in every mode (the encoded state copy by copy
         // too): a few cases, unless PROPTEST_CASES asks for more.
-        #![proptest_config(ProptestConfig {
-            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(12),
-            failure_persistence: None,
-            rng_seed: proptest::test_runner::RngSeed::Fixed(20_261_202),
-            ..ProptestConfig::default()
-        })]
+        #![proptest_config(config(12, 20_261_202))]
 
         /// Small-block programs as above over many segments filled (up to 40 of 2 MiB), where
         /// whole segment fills are jumped over (periods of periods, [`landing`]).
