@@ -38,6 +38,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::error::Error;
 
+mod pool;
+
 /// Every request is rounded up to a multiple of this (`kMinBlockSize`, 512 B).
 pub const MIN_BLOCK_BYTES: u64 = 512;
 /// The largest rounded request of the small pool (`kSmallSize`, 1 MiB).
@@ -135,6 +137,9 @@ struct Block {
     small: bool,
     /// The expandable segment it belongs to (index into `CachingAllocator::segments`).
     expandable: Option<usize>,
+    /// While in its pool's free blocks, the stamp it is filed under there ([`pool::Pool`]);
+    /// 0 otherwise.
+    stamp: u64,
 }
 
 /// An expandable segment: the page it maps at a time.
@@ -151,8 +156,10 @@ pub struct CachingAllocator {
     blocks: Vec<Block>,
     /// Slots of `blocks` no longer in use.
     spare: Vec<usize>,
-    /// Free mapped blocks per pool (`[large, small]`), by (size, address): `BlockPool::blocks`.
-    free: [BTreeSet<(u64, u64, usize)>; 2],
+    /// Free mapped blocks per pool (`[large, small]`): `BlockPool::blocks`.
+    free: [pool::Pool; 2],
+    /// The last stamp given to a block filed in a free pool.
+    stamps: u64,
     /// Unmapped blocks per pool, by address: `BlockPool::unmapped`.
     unmapped: [BTreeSet<(u64, usize)>; 2],
     segments: Vec<Expandable>,
@@ -232,6 +239,7 @@ impl CachingAllocator {
                 size: self.blocks[b].size - size,
                 prev: Some(b),
                 next: self.blocks[b].next,
+                stamp: 0,
                 ..self.blocks[b]
             });
             if let Some(n) = self.blocks[b].next {
@@ -347,6 +355,7 @@ impl CachingAllocator {
                 mapped: true,
                 small,
                 expandable: None,
+                stamp: 0,
             });
             if let Some(p) = prev {
                 self.blocks[p].next = Some(b);
@@ -394,13 +403,18 @@ impl CachingAllocator {
     }
 
     fn insert_free(&mut self, b: usize) {
-        let blk = self.blocks[b];
-        self.free[Self::pool(blk.small)].insert((blk.size, blk.addr, b));
+        self.stamps += 1;
+        let blk = &mut self.blocks[b];
+        blk.stamp = self.stamps;
+        self.free[Self::pool(blk.small)].insert(blk.size, blk.addr, blk.stamp, b);
     }
 
     fn remove_free(&mut self, b: usize) {
-        let blk = self.blocks[b];
-        self.free[Self::pool(blk.small)].remove(&(blk.size, blk.addr, b));
+        let blk = &mut self.blocks[b];
+        blk.stamp = 0;
+        let (pool, size) = (Self::pool(blk.small), blk.size);
+        let blocks = &self.blocks;
+        self.free[pool].remove(size, |b, s| blocks[b].stamp == s);
     }
 
     /// `try_merge_blocks(dst, src)`: a free neighbour `src` with the same mapping joins `dst`.
@@ -443,10 +457,10 @@ impl CachingAllocator {
 
     /// `get_free_block`: the best-fitting free block of the pool, taken out of it.
     fn get_free_block(&mut self, size: u64, small: bool) -> Option<usize> {
-        let pool = &self.free[Self::pool(small)];
-        let mut range = pool.range((size, 0, 0)..);
-        let mut found = *range.next()?;
-        if self.blocks[found.2].expandable.is_some() && self.config.expandable_segments {
+        let pool = Self::pool(small);
+        let blocks = &self.blocks;
+        let mut found = self.free[pool].best(size, |b, s| blocks[b].stamp == s)?;
+        if self.blocks[found].expandable.is_some() && self.config.expandable_segments {
             // A block followed by the unmapped tail counts as the size it can grow to: prefer
             // the next larger blocks while they grow less.
             let grows = |b: usize| {
@@ -458,24 +472,28 @@ impl CachingAllocator {
                     .map_or(0, |n| n.size);
                 blk.size.saturating_add(tail)
             };
-            for next in range {
-                if grows(next.2) < grows(found.2) {
-                    found = *next;
+            let blocks = &self.blocks;
+            for next in self.free[pool]
+                .ordered(size, |b, s| blocks[b].stamp == s)
+                .skip(1)
+            {
+                if grows(next) < grows(found) {
+                    found = next;
                 } else {
                     break;
                 }
             }
         }
         let max_split = self.config.max_split();
-        let blk = &self.blocks[found.2];
+        let blk = &self.blocks[found];
         if size < max_split && blk.size >= max_split {
             return None;
         }
         if size >= max_split && blk.size >= size.saturating_add(LARGE_BUFFER_BYTES) {
             return None;
         }
-        self.remove_free(found.2);
-        Some(found.2)
+        self.remove_free(found);
+        Some(found)
     }
 
     /// `alloc_block` with `cudaMalloc`: a new segment of [`allocation_size`], one block.
@@ -496,6 +514,7 @@ impl CachingAllocator {
             mapped: true,
             small,
             expandable: None,
+            stamp: 0,
         }))
     }
 
@@ -575,6 +594,7 @@ impl CachingAllocator {
             mapped: false,
             small,
             expandable: Some(self.segments.len() - 1),
+            stamp: 0,
         });
         self.unmapped[Self::pool(small)].insert((base, b));
         Ok(b)
@@ -598,6 +618,7 @@ impl CachingAllocator {
                 prev: Some(b),
                 next: blk.next,
                 mapped: false,
+                stamp: 0,
                 ..blk
             });
             if let Some(n) = blk.next {

@@ -1734,7 +1734,7 @@ pub(crate) const AUTO: Mode = Mode::Auto {
 
 /// What plays a program: the allocator, or the encoded state.
 enum Player {
-    Flat(Flat),
+    Flat(Box<Flat>),
     Engine(Engine),
 }
 
@@ -1762,7 +1762,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
             }),
             0,
         ),
-        Mode::Flat | Mode::Auto { .. } => (Player::Flat(Flat::new()), 0u64),
+        Mode::Flat | Mode::Auto { .. } => (Player::Flat(Box::new(Flat::new())), 0u64),
     };
     let (mut played, mut switches) = (0u64, 0u64);
     for st in program {
@@ -1824,7 +1824,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
                             if auto && blocks <= left && blocks <= budget.saturating_sub(e.rec.work)
                             {
                                 work = e.rec.work.saturating_add(blocks);
-                                player = Player::Flat(e.to_flat()?);
+                                player = Player::Flat(Box::new(e.to_flat()?));
                                 switches += 1;
                                 continue;
                             }
