@@ -1500,6 +1500,9 @@ struct Flat {
     live: HashMap<(u32, i64), Option<BlockId>, foldhash::fast::RandomState>,
     /// The site and copy of each handed-out block, by [`BlockId::index`].
     owner: Vec<(u32, i64)>,
+    /// By site: the block of a site the program requests and frees at one place each,
+    /// within one stretch ([`local_ops`]), while it is handed out.
+    local: Vec<Option<BlockId>>,
 }
 
 impl Flat {
@@ -1508,11 +1511,13 @@ impl Flat {
             a: CachingAllocator::new(Config::default()),
             live: HashMap::default(),
             owner: Vec::new(),
+            local: Vec::new(),
         }
     }
 
-    /// Plays `op` at copy `k` of a run (`None` outside runs) of a program at `n` copies.
-    fn apply(&mut self, op: &Op, k: Option<i64>, n: i64) -> Option<()> {
+    /// Plays `op` at copy `k` of a run (`None` outside runs) of a program at `n` copies;
+    /// `local`: the op is one of a site's two ([`local_ops`]), whose block is kept by site.
+    fn apply(&mut self, op: &Op, k: Option<i64>, n: i64, local: bool) -> Option<()> {
         match op {
             Op::Alloc { name, bytes } => {
                 let key = owner_of(name, k, n)?;
@@ -1524,9 +1529,22 @@ impl Flat {
                     }
                     self.owner[i] = key;
                 }
-                if self.live.insert(key, b).is_some() {
+                if local {
+                    let site = name.site as usize;
+                    if self.local.len() <= site {
+                        self.local.resize(site + 1, None);
+                    }
+                    if self.local[site].is_some() {
+                        return None;
+                    }
+                    self.local[site] = b;
+                } else if self.live.insert(key, b).is_some() {
                     return None;
                 }
+            }
+            Op::Free(name) if local => {
+                let b = self.local.get_mut(name.site as usize)?.take()?;
+                self.a.free(b).ok()?;
             }
             Op::Free(name) => {
                 if let Some(b) = self.live.remove(&owner_of(name, k, n)?)? {
@@ -1691,7 +1709,9 @@ impl Engine {
 /// How [`run`] plays a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// The allocator itself, every copy ([`crate::alloc::CachingAllocator`]).
+    /// The allocator itself, every copy ([`crate::alloc::CachingAllocator`]). The tests'
+    /// reference.
+    #[cfg_attr(not(test), allow(dead_code))]
     Flat,
     /// The run-length encoded state from the start, extending runs where `jumps` (else
     /// playing every copy in it); past `max_groups` items at a copy boundary, `None`.
@@ -1765,13 +1785,14 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
         Mode::Flat | Mode::Auto { .. } => (Player::Flat(Box::new(Flat::new())), 0u64),
     };
     let (mut played, mut switches) = (0u64, 0u64);
-    for st in program {
+    let locals = local_ops(program);
+    for (st, local) in program.iter().zip(&locals) {
         match st {
             Stretch::Fixed(ops) => {
-                for op in ops {
+                for (op, &local) in ops.iter().zip(local) {
                     match &mut player {
                         Player::Flat(f) => {
-                            f.apply(op, None, n)?;
+                            f.apply(op, None, n, local)?;
                             work += 1;
                         }
                         Player::Engine(e) => e.apply(op, None, n)?,
@@ -1848,8 +1869,8 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
                     let k = if *descending { copies - q } else { 1 + q };
                     match &mut player {
                         Player::Flat(f) => {
-                            for op in ops {
-                                f.apply(op, Some(k), n)?;
+                            for (op, &local) in ops.iter().zip(local) {
+                                f.apply(op, Some(k), n, local)?;
                             }
                             work += ops.len() as u64;
                         }
@@ -1897,6 +1918,95 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
         played,
         switches,
     })
+}
+
+/// Calls `f` on each operation of `program` played at `n` copies, in play order, with the
+/// site and copy of the block it names (`(0, 0)` for a reset of the peaks); stops at the first
+/// `None` (from `f`, or a name outside a run that refers to the copy being played).
+pub(crate) fn each_op(
+    program: &[Stretch],
+    n: u64,
+    mut f: impl FnMut(&Op, (u32, i64)) -> Option<()>,
+) -> Option<()> {
+    let n = i64::try_from(n).ok()?;
+    let mut play = |op: &Op, k: Option<i64>| match op {
+        Op::Alloc { name, .. } | Op::Free(name) => f(op, owner_of(name, k, n)?),
+        Op::ResetPeaks => f(op, (0, 0)),
+    };
+    for st in program {
+        match st {
+            Stretch::Fixed(ops) => ops.iter().try_for_each(|op| play(op, None))?,
+            Stretch::Run { ops, descending } => {
+                let copies = n.checked_sub(2)?;
+                for q in 0..copies {
+                    let k = if *descending { copies - q } else { 1 + q };
+                    ops.iter().try_for_each(|op| play(op, Some(k)))?;
+                }
+            }
+        }
+    }
+    Some(())
+}
+
+/// Per operation of each stretch, whether its site is *local*: each of the site's operations in
+/// the program is a request or the free of that request, the two in one stretch, one request
+/// at a time. Such a block lives within one play of a stretch (one copy, for a run), and no
+/// operation outside that play can name it, so [`Flat`] keeps it by site alone, not among
+/// the blocks by site and copy (a request of a site already live is refused either way).
+/// Most of a step's temporaries are local; what a copy keeps for backward is not.
+fn local_ops(program: &[Stretch]) -> Vec<Vec<bool>> {
+    fn ops(st: &Stretch) -> &[Op] {
+        match st {
+            Stretch::Fixed(ops) | Stretch::Run { ops, .. } => ops,
+        }
+    }
+    let site = |op: &Op| match op {
+        Op::Alloc { name, .. } | Op::Free(name) => Some(name.site as usize),
+        Op::ResetPeaks => None,
+    };
+    let sites = program
+        .iter()
+        .flat_map(|st| ops(st).iter().filter_map(site))
+        .max()
+        .map_or(0, |s| s + 1);
+    let mut local = vec![true; sites];
+    // The site's request not yet freed in the stretch being read.
+    let mut open: Vec<Option<Name>> = vec![None; sites];
+    let mut opened = Vec::new();
+    for st in program {
+        for op in ops(st) {
+            match op {
+                Op::Alloc { name, .. } => {
+                    let s = name.site as usize;
+                    if open[s].replace(*name).is_some() {
+                        local[s] = false;
+                    }
+                    opened.push(s);
+                }
+                Op::Free(name) => {
+                    let s = name.site as usize;
+                    if open[s].take() != Some(*name) {
+                        local[s] = false;
+                    }
+                }
+                Op::ResetPeaks => {}
+            }
+        }
+        for s in opened.drain(..) {
+            if open[s].take().is_some() {
+                local[s] = false;
+            }
+        }
+    }
+    program
+        .iter()
+        .map(|st| {
+            ops(st)
+                .iter()
+                .map(|op| site(op).is_some_and(|s| local[s]))
+                .collect()
+        })
+        .collect()
 }
 
 /// The periods looked for at one level: the layouts seen at its boundaries (a hash, the
