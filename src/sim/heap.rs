@@ -86,17 +86,19 @@ pub(crate) enum HeapOp {
     ResetPeaks,
 }
 
-/// A block handed out: the allocator's id, its serial number and owner (for [`HeapOp`]).
+/// A block handed out: the allocator's id (none for [`Heap::recorder`]), its serial number and
+/// owner (for [`HeapOp`]).
 #[derive(Clone, Copy, Debug)]
 struct Held {
-    block: BlockId,
+    block: Option<BlockId>,
     serial: u64,
     owner: Option<usize>,
 }
 
 /// The allocator, the blocks under each key, and the first error met.
 pub(super) struct Heap {
-    alloc: CachingAllocator,
+    /// `None` for [`Heap::recorder`].
+    alloc: Option<CachingAllocator>,
     /// By key, hashed with foldhash: a step touches several keys, so std's SipHash showed in
     /// profiles of 100,000-layer models.
     blocks: HashMap<Key, Vec<Held>, RandomState>,
@@ -127,13 +129,28 @@ impl Heap {
     /// An allocator with nothing reserved.
     pub(super) fn new(config: Config) -> Heap {
         Heap {
-            alloc: CachingAllocator::new(config),
+            alloc: Some(CachingAllocator::new(config)),
             blocks: HashMap::default(),
             error: None,
             trace: std::env::var_os(TRACE_VAR).map(|_| Vec::new()),
             at: None,
             serials: 0,
             log: None,
+        }
+    }
+
+    /// A heap that only records the stream ([`Heap::log`], from the start): no allocator runs,
+    /// and [`Heap::peaks`] has no figures. The symbolic treatment of repeats checks a trace's
+    /// stream against its program and plays the program itself (`crate::symbolic`).
+    pub(super) fn recorder() -> Heap {
+        Heap {
+            alloc: None,
+            blocks: HashMap::default(),
+            error: None,
+            trace: None,
+            at: None,
+            serials: 0,
+            log: Some(Vec::new()),
         }
     }
 
@@ -160,9 +177,13 @@ impl Heap {
     /// A block of `bytes` under `key` (a key may hold several), holding a tensor of step
     /// `owner`.
     pub(super) fn alloc(&mut self, key: Key, bytes: u64, owner: Option<usize>) {
-        let r = self.alloc.malloc(bytes);
-        if let Some(t) = &mut self.trace {
-            t.push(format!("a {key:?} {bytes} {}", self.alloc.reserved()));
+        // PyTorch's allocator answers zero bytes with no block (`CachingAllocator::malloc`).
+        let r = match &mut self.alloc {
+            Some(a) => a.malloc(bytes).map(|b| b.map(Some)),
+            None => Ok((bytes > 0).then_some(None)),
+        };
+        if let (Some(t), Some(a)) = (&mut self.trace, &self.alloc) {
+            t.push(format!("a {key:?} {bytes} {}", a.reserved()));
         }
         match r {
             Ok(Some(block)) => {
@@ -201,7 +222,9 @@ impl Heap {
                     at: self.at.or(h.owner),
                 });
             }
-            if let Err(e) = self.alloc.free(h.block) {
+            if let (Some(a), Some(b)) = (&mut self.alloc, h.block)
+                && let Err(e) = a.free(b)
+            {
                 self.error.get_or_insert(e);
             }
         }
@@ -242,15 +265,20 @@ impl Heap {
         if let Some(log) = &mut self.log {
             log.push(HeapOp::ResetPeaks);
         }
-        self.alloc.reset_peaks();
+        if let Some(a) = &mut self.alloc {
+            a.reset_peaks();
+        }
     }
 
-    /// The peaks since the last reset: (`max_memory_allocated`, `max_memory_reserved`), or
-    /// the first error met.
-    pub(super) fn peaks(&self) -> Result<(u64, u64), Error> {
+    /// The peaks since the last reset: (`max_memory_allocated`, `max_memory_reserved`), none
+    /// for a [`Heap::recorder`], or the first error met.
+    pub(super) fn peaks(&self) -> Result<Option<(u64, u64)>, Error> {
         match &self.error {
             Some(e) => Err(e.clone()),
-            None => Ok((self.alloc.max_allocated(), self.alloc.max_reserved())),
+            None => Ok(self
+                .alloc
+                .as_ref()
+                .map(|a| (a.max_allocated(), a.max_reserved()))),
         }
     }
 }

@@ -494,7 +494,9 @@ pub fn simulate_observed(
 }
 
 /// [`simulate`], also returning every event of the step in order (what the symbolic treatment
-/// of repeats extends from a few copies to many).
+/// of repeats extends from a few copies to many). On CUDA the caching allocator does not run:
+/// its operations are returned in its place, and [`Simulation::allocator`] is `None` (the
+/// symbolic treatment plays them itself, `crate::sim::periodic`).
 ///
 /// # Errors
 /// As [`simulate`].
@@ -503,12 +505,12 @@ pub(crate) fn simulate_events(tape: &Tape, settings: &Settings) -> Result<Simula
     Ok((sim, log.unwrap_or_default(), heap))
 }
 
-/// What [`simulate_events`] returns: the simulation, its events and the caching allocator's
-/// operations (on CUDA).
+/// What [`simulate_events`] returns: the simulation (without the allocator's figures), its
+/// events and the caching allocator's operations (on CUDA).
 pub(crate) type SimulatedEvents = (Simulation, Vec<Event>, Option<Vec<HeapOp>>);
 
 /// What [`simulate_inner`] returns: the simulation, with `log` its events and the caching
-/// allocator's operations (where it runs).
+/// allocator's operations in place of its figures (where it runs).
 type Simulated = (Simulation, Option<Vec<Event>>, Option<Vec<HeapOp>>);
 
 fn simulate_inner(
@@ -717,7 +719,7 @@ fn simulate_inner(
             log,
         )?;
         heap_log = ops;
-        Some(peaks)
+        peaks
     } else {
         None
     };
@@ -983,7 +985,8 @@ fn simulate_pipeline(
 /// plan (`dist`), the stream is that rank's: its parameter shards, its engine's buffers
 /// ([`Replay::load`], [`Replay::rebuild_ddp_buckets`]), gathers and reductions, and its
 /// optimizer's part (`plan` is then the rank's). `record`: the allocator's operations are
-/// recorded and returned with the peaks ([`HeapOp`]).
+/// recorded and returned instead of the peaks ([`HeapOp`], [`Heap::recorder`]: no allocator
+/// runs).
 #[allow(clippy::too_many_arguments)]
 fn allocator_peaks(
     tape: &Tape,
@@ -995,8 +998,13 @@ fn allocator_peaks(
     (grad_accum, in_backward, keep_grads): (u64, Option<&dyn Fn(ValueId) -> u64>, bool),
     (ema, ema_update): (impl Iterator<Item = u64>, &[u64]),
     record: bool,
-) -> Result<(AllocatorPeaks, Option<Vec<HeapOp>>), Error> {
-    let mut r = Replay::new(tape, facts).with_heap(Heap::new(config));
+) -> Result<(Option<AllocatorPeaks>, Option<Vec<HeapOp>>), Error> {
+    let heap = if record {
+        Heap::recorder()
+    } else {
+        Heap::new(config)
+    };
+    let mut r = Replay::new(tape, facts).with_heap(heap);
     if record {
         r.record_heap();
     }
@@ -1044,14 +1052,13 @@ fn allocator_peaks(
         .heap
         .as_mut()
         .ok_or(Error::Internal("the allocator's replay lost its allocator"))?;
-    let (allocated_peak_bytes, reserved_peak_bytes) = heap.peaks()?;
-    Ok((
-        AllocatorPeaks {
+    let peaks = heap.peaks()?.map(
+        |(allocated_peak_bytes, reserved_peak_bytes)| AllocatorPeaks {
             allocated_peak_bytes,
             reserved_peak_bytes,
         },
-        heap.log.take(),
-    ))
+    );
+    Ok((peaks, heap.log.take()))
 }
 
 /// Bytes of an EMA copy of the weights in `dtype` (`None`: no EMA): every parameter and buffer,
