@@ -178,8 +178,15 @@ impl CachingAllocator {
     /// An allocator with nothing reserved.
     #[must_use]
     pub fn new(config: Config) -> CachingAllocator {
+        // Expandable segments read the free blocks in best-fit order past the best fit.
+        let free = if config.expandable_segments {
+            [pool::Pool::with_order(), pool::Pool::with_order()]
+        } else {
+            Default::default()
+        };
         CachingAllocator {
             config,
+            free,
             next_addr: 1 << 40,
             ..CachingAllocator::default()
         }
@@ -412,9 +419,9 @@ impl CachingAllocator {
     fn remove_free(&mut self, b: usize) {
         let blk = &mut self.blocks[b];
         blk.stamp = 0;
-        let (pool, size) = (Self::pool(blk.small), blk.size);
+        let (pool, size, addr) = (Self::pool(blk.small), blk.size, blk.addr);
         let blocks = &self.blocks;
-        self.free[pool].remove(size, |b, s| blocks[b].stamp == s);
+        self.free[pool].remove(size, addr, b, |b, s| blocks[b].stamp == s);
     }
 
     /// `try_merge_blocks(dst, src)`: a free neighbour `src` with the same mapping joins `dst`.
@@ -472,11 +479,8 @@ impl CachingAllocator {
                     .map_or(0, |n| n.size);
                 blk.size.saturating_add(tail)
             };
-            let blocks = &self.blocks;
-            for next in self.free[pool]
-                .ordered(size, |b, s| blocks[b].stamp == s)
-                .skip(1)
-            {
+            let order = self.free[pool].ordered(size).into_iter().flatten();
+            for next in order.skip(1) {
                 if grows(next) < grows(found) {
                     found = next;
                 } else {

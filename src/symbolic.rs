@@ -27,10 +27,11 @@
 //!
 //! On CUDA the caching allocator's peaks (`allocated_peak_bytes`, `reserved_peak_bytes` and
 //! what derives from them) depend on the whole history of the step, not on per-place sums: each
-//! trace records every request and free the allocator was fed, named by owner and place
-//! relative to the block's copies; the three records must be one program (the same operations
-//! outside the middle copies, one template per run of middle copies), which must give each
-//! trace's own peaks exactly; the program is then played at `N` copies by
+//! trace records every request and free the allocator would be fed (without running it),
+//! named by owner and place relative to the block's copies; the three records must be one
+//! program (the same operations outside the middle copies, one template per run of middle
+//! copies), which must make each trace's own stream exactly; the program is then played at
+//! `N` copies by
 //! [`crate::sim::periodic`], which plays it by the allocator itself, and on runs long enough
 //! extends the allocator's state where it is provably periodic, within a budget. Past the
 //! budget, with expandable segments, or on any mismatch: `None`, and the caller unrolls.
@@ -645,9 +646,11 @@ const MIN_ALLOCATOR_BUDGET: u64 = 1_000_000;
 
 /// The caching allocator's peaks at `n` copies: the three traces' recorded operations become
 /// one program ([`periodic::Stretch`]: what happens outside the middle copies, and per run of
-/// middle copies one template), which must replay each trace's own figures exactly (played
-/// by the allocator); then it is played at `n` copies ([`periodic::run`], extended where that
-/// pays). `None` on any mismatch.
+/// middle copies one template), which must make each trace's own stream exactly
+/// ([`replays`]); then it is played at `n` copies ([`periodic::run`], extended where that
+/// pays). `None` on any mismatch. The program is played with the allocator's default
+/// configuration, the one the traces' streams are for: `estimate` unrolls with expandable
+/// segments, and `max_split_size_mb` is not a setting of memest's.
 fn cuda_peaks(traced: &[Traced], n: u64) -> Option<AllocatorPeaks> {
     let mut sites = Map::default();
     let raw: Vec<Vec<Raw>> = traced

@@ -13,9 +13,15 @@
 //! heap drops a block's entry lazily: taking a block out clears its stamp
 //! ([`Pool::remove`]), and entries whose stamp is no longer the block's are skipped at the top
 //! of the heap, or dropped when they outnumber the live ones.
+//!
+//! Costs: best fit, filing and taking out are a few steps of binary search within a class
+//! and a heap operation; a size that comes or goes moves the sizes after it within its class
+//! (few: a class spans a sixteenth of a power of two). With expandable segments the allocator
+//! also reads blocks past the best fit in order, which [`Pool::with_order`] keeps in a B-tree
+//! as well.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 
 /// Steps per power of two (the TLSF second level).
 const STEPS_LOG2: u32 = 4;
@@ -57,9 +63,20 @@ pub(super) struct Pool {
     buckets: Vec<Bucket>,
     /// Buckets no longer in use (their heaps empty, their allocations kept).
     spare: Vec<usize>,
+    /// Every filed block by (size, address, slot), for [`Pool::ordered`] (expandable
+    /// segments prefer a later block of the order to the best fit, `crate::alloc`).
+    order: Option<BTreeSet<(u64, u64, usize)>>,
 }
 
 impl Pool {
+    /// A pool that also keeps its blocks in best-fit order ([`Pool::ordered`]).
+    pub(super) fn with_order() -> Pool {
+        Pool {
+            order: Some(BTreeSet::new()),
+            ..Pool::default()
+        }
+    }
+
     /// Files the block in slot `b`, of `size` bytes at `addr`, under `stamp` (which the block
     /// keeps while it is filed).
     pub(super) fn insert(&mut self, size: u64, addr: u64, stamp: u64, b: usize) {
@@ -83,11 +100,23 @@ impl Pool {
         let bucket = &mut self.buckets[k];
         bucket.heap.push(Reverse((addr, stamp, b)));
         bucket.live += 1;
+        if let Some(order) = &mut self.order {
+            order.insert((size, addr, b));
+        }
     }
 
-    /// Takes out a block of `size` bytes whose stamp was just cleared; `filed(slot, stamp)`:
-    /// whether the block in `slot` is still filed under `stamp`.
-    pub(super) fn remove(&mut self, size: u64, filed: impl Fn(usize, u64) -> bool) {
+    /// Takes out the block in slot `b`, of `size` bytes at `addr`, whose stamp was just
+    /// cleared; `filed(slot, stamp)`: whether the block in `slot` is still filed under `stamp`.
+    pub(super) fn remove(
+        &mut self,
+        size: u64,
+        addr: u64,
+        b: usize,
+        filed: impl Fn(usize, u64) -> bool,
+    ) {
+        if let Some(order) = &mut self.order {
+            order.remove(&(size, addr, b));
+        }
         let c = class(size);
         let Some(sizes) = self.classes.get_mut(c) else {
             return;
@@ -123,26 +152,6 @@ impl Pool {
         }
     }
 
-    /// The sizes of at least `size` bytes that have blocks, ascending, with their buckets.
-    fn sizes_from(&self, size: u64) -> impl Iterator<Item = (u64, usize)> + '_ {
-        let first = class(size);
-        let mut c = self.next_class(first);
-        std::iter::from_fn(move || {
-            let at = c?;
-            c = self.next_class(at + 1);
-            Some(at)
-        })
-        .flat_map(move |c| {
-            let sizes = &self.classes[c];
-            let from = if c == first {
-                sizes.partition_point(|&(s, _)| s < size)
-            } else {
-                0
-            };
-            sizes[from..].iter().copied()
-        })
-    }
-
     /// The smallest filed block of at least `size` bytes, the lowest address among equals
     /// (its slot); `filed` as for [`Pool::remove`].
     pub(super) fn best(&mut self, size: u64, filed: impl Fn(usize, u64) -> bool) -> Option<usize> {
@@ -165,22 +174,11 @@ impl Pool {
         None
     }
 
-    /// The filed blocks of at least `size` bytes in best-fit order (size, then address).
-    pub(super) fn ordered<'a>(
-        &'a self,
-        size: u64,
-        filed: impl Fn(usize, u64) -> bool + 'a,
-    ) -> impl Iterator<Item = usize> + 'a {
-        self.sizes_from(size).flat_map(move |(_, k)| {
-            let mut at: Vec<(u64, usize)> = self.buckets[k]
-                .heap
-                .iter()
-                .filter(|&&Reverse((_, s, b))| filed(b, s))
-                .map(|&Reverse((addr, _, b))| (addr, b))
-                .collect();
-            at.sort_unstable();
-            at.into_iter().map(|(_, b)| b)
-        })
+    /// The filed blocks of at least `size` bytes in best-fit order (size, then address), for a
+    /// pool made [`Pool::with_order`] (else `None`).
+    pub(super) fn ordered(&self, size: u64) -> Option<impl Iterator<Item = usize> + '_> {
+        let order = self.order.as_ref()?;
+        Some(order.range((size, 0, 0)..).map(|&(_, _, b)| b))
     }
 }
 
@@ -246,7 +244,7 @@ mod tests {
         /// (size, address), as PyTorch's `std::set` gives it; best fit takes the block out.
         #[test]
         fn best_fit_is_the_ordered_sets(steps in steps()) {
-            let mut pool = Pool::default();
+            let mut pool = Pool::with_order();
             let mut want: BTreeSet<(u64, u64, usize)> = BTreeSet::new();
             // Per slot: its stamp (0: not filed) and its size and address.
             let mut slots: Vec<(u64, u64, u64)> = Vec::new();
@@ -272,19 +270,19 @@ mod tests {
                         };
                         want.remove(&(size, addr, b));
                         slots[b].0 = 0;
-                        pool.remove(size, filed(&slots));
+                        pool.remove(size, addr, b, filed(&slots));
                     }
                     Step::Best(size) => {
                         let got = pool.best(size, filed(&slots));
                         let first = want.range((size, 0, 0)..).next().copied();
                         prop_assert_eq!(got, first.map(|(_, _, b)| b));
-                        let order: Vec<usize> = pool.ordered(size, filed(&slots)).collect();
+                        let order: Vec<usize> = pool.ordered(size).unwrap().collect();
                         let all: Vec<usize> = want.range((size, 0, 0)..).map(|x| x.2).collect();
                         prop_assert_eq!(order, all);
                         if let Some((s, addr, b)) = first {
                             want.remove(&(s, addr, b));
                             slots[b].0 = 0;
-                            pool.remove(s, filed(&slots));
+                            pool.remove(s, addr, b, filed(&slots));
                         }
                     }
                 }

@@ -7,7 +7,9 @@
 //! malloc, `f KEY` per block freed, `r FROM TO BLOCKS` when blocks change key, `# F|B|R STEP OP
 //! LAYER` before each forward, backward and recomputed step, `# OPT` before the optimizer step,
 //! `# RESET` where the peaks are reset). `tools/alloc_trace_diff.py` compares it with
-//! `tools/measure_fake_cuda.py --trace`'s stream. It changes no figure.
+//! `tools/measure_fake_cuda.py --trace`'s stream. It changes no figure. A [`Heap::recorder`]
+//! (the symbolic treatment of repeats' traces) runs no allocator and writes nothing: to
+//! trace a model with a repeated block, unroll it (`--timeline` does).
 
 use std::collections::HashMap;
 

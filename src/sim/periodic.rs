@@ -1500,8 +1500,8 @@ struct Flat {
     live: HashMap<(u32, i64), Option<BlockId>, foldhash::fast::RandomState>,
     /// The site and copy of each handed-out block, by [`BlockId::index`].
     owner: Vec<(u32, i64)>,
-    /// By site: the block of a site the program requests and frees at one place each,
-    /// within one stretch ([`local_ops`]), while it is handed out.
+    /// By site: the block of a local site ([`local_ops`]: requested and freed within one
+    /// play of a stretch, one block at a time), while it is handed out.
     local: Vec<Option<BlockId>>,
 }
 
@@ -1516,7 +1516,7 @@ impl Flat {
     }
 
     /// Plays `op` at copy `k` of a run (`None` outside runs) of a program at `n` copies;
-    /// `local`: the op is one of a site's two ([`local_ops`]), whose block is kept by site.
+    /// `local`: the op's site is local ([`local_ops`]), its block kept by site alone.
     fn apply(&mut self, op: &Op, k: Option<i64>, n: i64, local: bool) -> Option<()> {
         match op {
             Op::Alloc { name, bytes } => {
@@ -1922,7 +1922,8 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
 
 /// Calls `f` on each operation of `program` played at `n` copies, in play order, with the
 /// site and copy of the block it names (`(0, 0)` for a reset of the peaks); stops at the first
-/// `None` (from `f`, or a name outside a run that refers to the copy being played).
+/// `None` (from `f`, a name outside a run that refers to the copy being played, or a copy
+/// past `i64`).
 pub(crate) fn each_op(
     program: &[Stretch],
     n: u64,
@@ -1949,8 +1950,8 @@ pub(crate) fn each_op(
 }
 
 /// Per operation of each stretch, whether its site is *local*: each of the site's operations in
-/// the program is a request or the free of that request, the two in one stretch, one request
-/// at a time. Such a block lives within one play of a stretch (one copy, for a run), and no
+/// the program is a request (of some bytes) or the free of that request, the two in one
+/// stretch, one request at a time (a site may have several such pairs, in several stretches). Such a block lives within one play of a stretch (one copy, for a run), and no
 /// operation outside that play can name it, so [`Flat`] keeps it by site alone, not among
 /// the blocks by site and copy (a request of a site already live is refused either way).
 /// Most of a step's temporaries are local; what a copy keeps for backward is not.
@@ -1976,9 +1977,10 @@ fn local_ops(program: &[Stretch]) -> Vec<Vec<bool>> {
     for st in program {
         for op in ops(st) {
             match op {
-                Op::Alloc { name, .. } => {
+                Op::Alloc { name, bytes } => {
                     let s = name.site as usize;
-                    if open[s].replace(*name).is_some() {
+                    // A request of no bytes takes no block ([`Flat`] keeps `None` for it).
+                    if open[s].replace(*name).is_some() || *bytes == 0 {
                         local[s] = false;
                     }
                     opened.push(s);
