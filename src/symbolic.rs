@@ -758,7 +758,8 @@ fn raw_program(t: &Traced, m: u64, sites: &mut Map<Site, u32>) -> Option<Vec<Raw
         (1..=last_middle).contains(&c).then_some(c)
     };
     let mut ordinals: Map<Site, u32> = Map::default();
-    let mut names: Map<u64, (u32, Option<i64>)> = Map::default();
+    // By serial number (the stream's blocks are numbered from 0 in request order).
+    let mut names: Vec<(u32, Option<i64>)> = Vec::with_capacity(ops.len());
     let mut out: Vec<Raw> = Vec::new();
     // The current run's operations with their copies.
     let mut run: Vec<(i64, Op)> = Vec::new();
@@ -791,10 +792,13 @@ fn raw_program(t: &Traced, m: u64, sites: &mut Map<Site, u32>) -> Option<Vec<Raw
                 *ord += 1;
                 let next = sites.len() as u32;
                 let site = *sites.entry(site_key).or_insert(next);
-                names.insert(serial, (site, c));
+                if serial != names.len() as u64 {
+                    return None;
+                }
+                names.push((site, c));
                 (at, Some((site, c)))
             }
-            HeapOp::Free { serial, at } => (at, Some(*names.get(&serial)?)),
+            HeapOp::Free { serial, at } => (at, Some(*names.get(usize::try_from(serial).ok()?)?)),
             HeapOp::ResetPeaks => (None, None),
         };
         let k = middle(at);
