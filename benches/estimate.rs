@@ -75,27 +75,19 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 }
 
 /// Llama-3.1-405B's config (126 decoder layers), a training step at 8,192 tokens. Target: at
-/// most 5 ms. Measured: 50 ms median (load ~6 on 2 cores; 307 ms at load ~13 before parameter
-/// segments were retired from the allocator extension); 0.00 s on `--device cpu` (extended
-/// from 4, 5 and 6 layers). On CUDA the allocator's state repeats only after many layers
-/// (each layer's 16 and 4 MiB tensors fill the 256 MiB holes its transients leave), which the
-/// encoded state does not extend; it used to unroll (the binary 40-50 ms user). Since the
-/// allocator itself plays the program of the traces of 4, 5 and 6 layers at 126 (runs of
-/// fewer than 128 copies are not encoded, `sim::periodic::AUTO`): the binary's task-clock
-/// (`perf stat -r 5`, interleaved, load 6.2) 44.7 ms on main, 55.5 ms with the encoded state
-/// tried (the previous commit), 16.5 ms now; JSON identical. This bench after: median
-/// 22.6 ms, fastest 17.6 ms (load 5.4; 31 ms on main as measured before this work). What is
-/// left toward 5 ms: the allocator plays about 124 copies of each run (~9 ms), and the three
-/// traces (4, 5, 6 layers) with their program cost the rest. On main (2d3c286), 2026-12-02
-/// 08:25, load ~1.5: this bench median 14.5 ms (fastest 10.5); the binary task-clock min/median
-/// of 9: 17/18 ms, max RSS 25 MB. Not met; the same two costs. 2026-12-02 10:20 (load ~1):
-/// this bench median 9.7 ms (fastest 9.3); the binary 12/13 ms. By instruction count
-/// (callgrind, the binary, 78.5 million after foldhash in `symbolic`'s maps, 86.0 before),
-/// `periodic::run` is two thirds: the allocator plays 124 copies of each of the step's 13
-/// runs, about 58,000 requests and frees at about 900 instructions each, 41% of the total in
-/// the large pool's B-tree (about 1,800 free blocks: the 20 MiB segments of the 1-10 MiB
-/// requests). The encoded state cannot take it over: the state repeats only every 7-8
-/// layers, each leaving 11 segments. The traces' own simulations are a sixth.
+/// most 5 ms. Met on 2026-12-02 (14:05, load ~1): median 4.72-4.83 ms, fastest 4.47-4.73, in
+/// three runs interleaved with f89e47e's 7.99-8.37 ms (fastest 7.75-8.09); the release binary
+/// 11-13 ms task-clock against 14 ms (it adds the process: the dynamic loader's relocations,
+/// clap, and the kernel zeroing the huge pages mimalloc touches, a third of its samples).
+/// How: on CUDA the caching allocator plays the program of the traces of 4, 5 and 6 layers at
+/// 126 copy by copy (its state repeats only every 7-8 layers, which the encoded state does not
+/// extend: `sim::periodic::AUTO`), about 58,000 requests and frees. Callgrind instructions of
+/// the binary: 77.8 M on f89e47e (two thirds the allocator, 41% a B-tree over the 1,800 free
+/// blocks of the large pool); 62.0 M with free blocks by size and size class (`alloc::pool`);
+/// 55.2 M with the traces' check made on their streams instead of replaying them, and a
+/// copy's temporaries kept by site; 52.8 M with the traces recording the stream without
+/// running the allocator. What is left: the allocator's 58,000 operations (about half),
+/// the three traces' replays (a sixth) and their tracing, reports and program.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");

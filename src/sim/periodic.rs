@@ -1743,7 +1743,10 @@ pub(crate) enum Mode {
 /// The caller's [`Mode::Auto`]. A copy costs about 9 times as much in the encoded state as
 /// played by the allocator (`perf` on Llama-2-7B inference, 30 copies a run: 8 ms over its
 /// 7 plays in the encoded state, 0.5 ms over 4 by the allocator); 16 leaves room for the
-/// conversions and for trials that find nothing. A trial of 8 copies finds periods of up to
+/// conversions and for trials that find nothing. (Measured when the allocator kept its free
+/// blocks in one B-tree; with `alloc::pool` it plays a copy of Llama-3.1-405B in about 60% of
+/// the instructions, so the encoded state pays off later still than this ratio says.) A
+/// trial of 8 copies finds periods of up to
 /// 2 copies (three boundaries after a first sighting), so runs of fewer than 128 copies
 /// (Llama-2-7B's 30, Llama-3.1-405B's 124) are played by the allocator alone.
 pub(crate) const AUTO: Mode = Mode::Auto {
