@@ -6,7 +6,11 @@
 //! [`Error::Internal`], never a wrapped number.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+
+/// Maps and sets with foldhash's fast hasher: the replay's keys are small ids, hashed at every
+/// step (std's SipHash showed in profiles of the symbolic path's traces).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 use typed_index_collections::{TiVec, ti_vec};
 
@@ -817,7 +821,7 @@ impl<'a> Replay<'a> {
     ) -> Backward {
         let tape = self.tape;
         let facts = self.facts;
-        let mut grads: HashMap<ValueId, u64> = HashMap::new();
+        let mut grads: HashMap<ValueId, u64> = HashMap::default();
         let mut shared = Shared::default();
         let mut has_grad: TiVec<ValueId, bool> =
             accumulate.map_or_else(|| ti_vec![false; tape.values.len()], Clone::clone);
@@ -833,7 +837,7 @@ impl<'a> Replay<'a> {
                 .iter()
                 .flat_map(|u| u.grads.iter().map(|&(v, _, _)| v))
                 .collect(),
-            _ => HashSet::new(),
+            _ => HashSet::default(),
         };
         let mut gradient_bytes = 0u64;
         let mut applied = 0u64;
