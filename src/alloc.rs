@@ -413,7 +413,9 @@ impl CachingAllocator {
         self.stamps += 1;
         let blk = &mut self.blocks[b];
         blk.stamp = self.stamps;
-        self.free[Self::pool(blk.small)].insert(blk.size, blk.addr, blk.stamp, b);
+        let (pool, size, addr, stamp) = (Self::pool(blk.small), blk.size, blk.addr, blk.stamp);
+        let blocks = &self.blocks;
+        self.free[pool].insert(size, addr, stamp, b, |b, s| blocks[b].stamp == s);
     }
 
     fn remove_free(&mut self, b: usize) {

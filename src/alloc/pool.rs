@@ -78,8 +78,15 @@ impl Pool {
     }
 
     /// Files the block in slot `b`, of `size` bytes at `addr`, under `stamp` (which the block
-    /// keeps while it is filed).
-    pub(super) fn insert(&mut self, size: u64, addr: u64, stamp: u64, b: usize) {
+    /// keeps while it is filed); `filed` as for [`Pool::remove`].
+    pub(super) fn insert(
+        &mut self,
+        size: u64,
+        addr: u64,
+        stamp: u64,
+        b: usize,
+        filed: impl Fn(usize, u64) -> bool,
+    ) {
         let c = class(size);
         if self.classes.len() <= c {
             self.classes.resize_with(c + 1, Vec::new);
@@ -98,7 +105,18 @@ impl Pool {
             }
         };
         let bucket = &mut self.buckets[k];
-        bucket.heap.push(Reverse((addr, stamp, b)));
+        let entry = Reverse((addr, stamp, b));
+        // The entry at the top is often one best fit just took (a block freed soon after,
+        // or another of its size): the new one takes its place, one sift instead of two.
+        let stale = bucket
+            .heap
+            .peek()
+            .is_some_and(|&Reverse((_, s, t))| !filed(t, s));
+        if stale && let Some(mut top) = bucket.heap.peek_mut() {
+            *top = entry;
+        } else {
+            bucket.heap.push(entry);
+        }
         bucket.live += 1;
         if let Some(order) = &mut self.order {
             order.insert((size, addr, b));
@@ -261,7 +279,7 @@ mod tests {
                         let addr = (slots.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                         slots.push((stamps, size, addr));
                         let b = slots.len() - 1;
-                        pool.insert(size, addr, stamps, b);
+                        pool.insert(size, addr, stamps, b, filed(&slots));
                         want.insert((size, addr, b));
                     }
                     Step::Remove(i) => {
