@@ -97,13 +97,44 @@ struct Held {
     owner: Option<usize>,
 }
 
+/// The blocks under one key in request order: most keys hold one, kept inline (a `Vec` per
+/// key was an allocation per tensor).
+#[derive(Debug, Default)]
+struct Holds {
+    first: Option<Held>,
+    rest: Vec<Held>,
+}
+
+impl Holds {
+    fn push(&mut self, h: Held) {
+        if self.first.is_none() {
+            self.first = Some(h);
+        } else {
+            self.rest.push(h);
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+}
+
+impl IntoIterator for Holds {
+    type Item = Held;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<Held>, std::vec::IntoIter<Held>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.rest)
+    }
+}
+
 /// The allocator, the blocks under each key, and the first error met.
 pub(super) struct Heap {
     /// `None` for [`Heap::recorder`].
     alloc: Option<CachingAllocator>,
     /// By key, hashed with foldhash: a step touches several keys, so std's SipHash showed in
     /// profiles of 100,000-layer models.
-    blocks: HashMap<Key, Vec<Held>, RandomState>,
+    blocks: HashMap<Key, Holds, RandomState>,
     error: Option<Error>,
     /// The stream, when `MEMEST_ALLOC_TRACE` names a file to write it to (module docs).
     trace: Option<Vec<String>>,
@@ -255,7 +286,10 @@ impl Heap {
             if let Some(t) = &mut self.trace {
                 t.push(format!("r {from:?} {to:?} {}", bs.len()));
             }
-            self.blocks.entry(to).or_default().extend(bs);
+            let holds = self.blocks.entry(to).or_default();
+            for h in bs {
+                holds.push(h);
+            }
         }
     }
 
