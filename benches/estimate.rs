@@ -75,10 +75,11 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 }
 
 /// Llama-3.1-405B's config (126 decoder layers), a training step at 8,192 tokens. Target: at
-/// most 5 ms. Met on 2026-12-02 (14:05, load ~1): median 4.72-4.83 ms, fastest 4.47-4.73, in
-/// three runs interleaved with f89e47e's 7.99-8.37 ms (fastest 7.75-8.09); the release binary
-/// 11-13 ms task-clock against 14 ms (it adds the process: the dynamic loader's relocations,
-/// clap, and the kernel zeroing the huge pages mimalloc touches, a third of its samples).
+/// most 5 ms. Met on 2026-12-02 (14:40, load ~1.5): median 4.58-4.78 ms, fastest 4.43-4.51,
+/// in three runs interleaved with f89e47e's 9.17 ms (fastest 8.81-8.87); the whole suite
+/// right after, 4.47 ms. The release binary takes 10.7/11.0 ms task-clock (min/median of 9;
+/// f89e47e 14 ms): it adds the process (the dynamic loader's relocations, clap) and the
+/// kernel zeroing the huge pages mimalloc touches, a third of its samples.
 /// How: on CUDA the caching allocator plays the program of the traces of 4, 5 and 6 layers at
 /// 126 copy by copy (its state repeats only every 7-8 layers, which the encoded state does not
 /// extend: `sim::periodic::AUTO`), about 58,000 requests and frees. Callgrind instructions of
@@ -86,8 +87,11 @@ fn deep_mlp(bencher: divan::Bencher, count: u64) {
 /// blocks of the large pool); 62.0 M with free blocks by size and size class (`alloc::pool`);
 /// 55.2 M with the traces' check made on their streams instead of replaying them, and a
 /// copy's temporaries kept by site; 52.8 M with the traces recording the stream without
-/// running the allocator. What is left: the allocator's 58,000 operations (about half),
-/// the three traces' replays (a sixth) and their tracing, reports and program.
+/// running the allocator; 52.1 M with foldhash in the replay; 50.6 M with a block filed in
+/// the place of its size's stale heap top; 49.8 M with a key's first block kept inline in
+/// the heap. What is left: the allocator's 58,000 operations (about half, the pool's heaps and
+/// classes a third of the time in `perf`), the three traces' replays (a seventh) and their
+/// tracing, reports and program.
 #[divan::bench(sample_count = 10)]
 fn llama_3_1_405b_config(bencher: divan::Bencher) {
     let src = example("hf/llama-3.1-405b.json");
