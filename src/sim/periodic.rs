@@ -112,6 +112,25 @@ pub(crate) enum Stretch {
     },
 }
 
+impl Stretch {
+    /// Its operations (a run's template).
+    fn ops(&self) -> &[Op] {
+        match self {
+            Stretch::Fixed(ops) | Stretch::Run { ops, .. } => ops,
+        }
+    }
+}
+
+impl Op {
+    /// The block it names (none for a reset of the peaks).
+    fn name(&self) -> Option<&Name> {
+        match self {
+            Op::Alloc { name, .. } | Op::Free(name) => Some(name),
+            Op::ResetPeaks => None,
+        }
+    }
+}
+
 /// The peaks of a program's run: `max_memory_allocated()` and `max_memory_reserved()` since
 /// the last [`Op::ResetPeaks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1769,9 +1788,7 @@ pub(crate) fn run(program: &[Stretch], n: u64, mode: Mode, budget: u64) -> Optio
     let n = i64::try_from(n).ok()?;
     let freed: HashSet<u32> = program
         .iter()
-        .flat_map(|st| match st {
-            Stretch::Fixed(ops) | Stretch::Run { ops, .. } => ops.iter(),
-        })
+        .flat_map(|st| st.ops())
         .filter_map(|op| match op {
             Op::Free(name) => Some(name.site),
             _ => None,
@@ -1933,9 +1950,9 @@ pub(crate) fn each_op(
     mut f: impl FnMut(&Op, (u32, i64)) -> Option<()>,
 ) -> Option<()> {
     let n = i64::try_from(n).ok()?;
-    let mut play = |op: &Op, k: Option<i64>| match op {
-        Op::Alloc { name, .. } | Op::Free(name) => f(op, owner_of(name, k, n)?),
-        Op::ResetPeaks => f(op, (0, 0)),
+    let mut play = |op: &Op, k: Option<i64>| match op.name() {
+        Some(name) => f(op, owner_of(name, k, n)?),
+        None => f(op, (0, 0)),
     };
     for st in program {
         match st {
@@ -1959,18 +1976,10 @@ pub(crate) fn each_op(
 /// the blocks by site and copy (a request of a site already live is refused either way).
 /// Most of a step's temporaries are local; what a copy keeps for backward is not.
 fn local_ops(program: &[Stretch]) -> Vec<Vec<bool>> {
-    fn ops(st: &Stretch) -> &[Op] {
-        match st {
-            Stretch::Fixed(ops) | Stretch::Run { ops, .. } => ops,
-        }
-    }
-    let site = |op: &Op| match op {
-        Op::Alloc { name, .. } | Op::Free(name) => Some(name.site as usize),
-        Op::ResetPeaks => None,
-    };
+    let site = |op: &Op| op.name().map(|name| name.site as usize);
     let sites = program
         .iter()
-        .flat_map(|st| ops(st).iter().filter_map(site))
+        .flat_map(|st| st.ops().iter().filter_map(site))
         .max()
         .map_or(0, |s| s + 1);
     let mut local = vec![true; sites];
@@ -1978,7 +1987,7 @@ fn local_ops(program: &[Stretch]) -> Vec<Vec<bool>> {
     let mut open: Vec<Option<Name>> = vec![None; sites];
     let mut opened = Vec::new();
     for st in program {
-        for op in ops(st) {
+        for op in st.ops() {
             match op {
                 Op::Alloc { name, bytes } => {
                     let s = name.site as usize;
@@ -2006,7 +2015,7 @@ fn local_ops(program: &[Stretch]) -> Vec<Vec<bool>> {
     program
         .iter()
         .map(|st| {
-            ops(st)
+            st.ops()
                 .iter()
                 .map(|op| site(op).is_some_and(|s| local[s]))
                 .collect()
@@ -2266,45 +2275,19 @@ mod tests {
     fn expand(program: &[Stretch], n: i64) -> Vec<Event> {
         let mut ids: HashMap<(u32, i64), u64> = HashMap::new();
         let mut out = Vec::new();
-        let mut play = |op: &Op, k: Option<i64>, out: &mut Vec<Event>| {
-            let key = |name: &Name| {
-                let copy = match name.copy {
-                    CopyRef::None => 0,
-                    CopyRef::Rel(d) => k.unwrap() + d,
-                    CopyRef::Start(c) => c,
-                    CopyRef::End(d) => n + d,
-                };
-                (name.site, copy)
-            };
-            match op {
-                Op::Alloc { name, bytes } => {
+        each_op(program, n as u64, |op, key| {
+            out.push(match op {
+                Op::Alloc { bytes, .. } => {
                     let next = ids.len() as u64;
-                    let id = *ids.entry(key(name)).or_insert(next);
-                    out.push(Event::Alloc { id, bytes: *bytes });
+                    let id = *ids.entry(key).or_insert(next);
+                    Event::Alloc { id, bytes: *bytes }
                 }
-                Op::Free(name) => out.push(Event::Free {
-                    id: ids[&key(name)],
-                }),
-                Op::ResetPeaks => out.push(Event::ResetPeaks),
-            }
-        };
-        for st in program {
-            match st {
-                Stretch::Fixed(ops) => {
-                    for op in ops {
-                        play(op, None, &mut out);
-                    }
-                }
-                Stretch::Run { ops, descending } => {
-                    for q in 0..n - 2 {
-                        let k = if *descending { n - 2 - q } else { 1 + q };
-                        for op in ops {
-                            play(op, Some(k), &mut out);
-                        }
-                    }
-                }
-            }
-        }
+                Op::Free(_) => Event::Free { id: ids[&key] },
+                Op::ResetPeaks => Event::ResetPeaks,
+            });
+            Some(())
+        })
+        .unwrap();
         out
     }
 
