@@ -176,15 +176,11 @@ impl Heap {
     /// and [`Heap::peaks`] has no figures. The symbolic treatment of repeats checks a trace's
     /// stream against its program and plays the program itself (`crate::symbolic`).
     pub(super) fn recorder() -> Heap {
-        Heap {
-            alloc: None,
-            blocks: HashMap::default(),
-            error: None,
-            trace: None,
-            at: None,
-            serials: 0,
-            log: Some(Vec::new()),
-        }
+        let mut heap = Heap::new(Config::default());
+        heap.alloc = None;
+        heap.trace = None;
+        heap.record();
+        heap
     }
 
     /// Keeps every operation from now on in [`Heap::log`].
